@@ -18,8 +18,8 @@ for _ in $(seq 1 30); do
   su postgres -c "pg_isready -q -h 127.0.0.1" && break
   sleep 1
 done
-su postgres -c "psql -qtA -h 127.0.0.1 -c \"SELECT 1 FROM pg_roles WHERE rolname='tuner'\"" | grep -q 1 \
-  || su postgres -c "psql -q -h 127.0.0.1 -c \"CREATE ROLE tuner LOGIN SUPERUSER PASSWORD 'tuner'\""
-su postgres -c "psql -qtA -h 127.0.0.1 -c \"SELECT 1 FROM pg_database WHERE datname='tuner'\"" | grep -q 1 \
-  || su postgres -c "createdb -h 127.0.0.1 -O tuner tuner"
+su postgres -c "psql -qtA -c \"SELECT 1 FROM pg_roles WHERE rolname='tuner'\"" | grep -q 1 \
+  || su postgres -c "psql -q -c \"CREATE ROLE tuner LOGIN SUPERUSER PASSWORD 'tuner'\""
+su postgres -c "psql -qtA -c \"SELECT 1 FROM pg_database WHERE datname='tuner'\"" | grep -q 1 \
+  || su postgres -c "createdb -O tuner tuner"
 echo "postgresql://tuner:tuner@127.0.0.1:5432/tuner"
