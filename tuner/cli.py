@@ -55,22 +55,187 @@ def cmd_bench(args) -> int:
 
 # ------------------------------------------------------------------------------------------ budget
 def _add_budget(sub) -> None:
-    p = sub.add_parser("budget", help="physical floors and projected us/token; prune shapes")
+    p = sub.add_parser(
+        "budget", help="physical floors and projected us/token; prune shapes",
+        description="For each shape: the physical floor of one call (bytes / bandwidth, flops / "
+        "matmul rate), the trace's baseline, and the most a kernel could save per token (per step "
+        "of the phase) and as a share of the step; keep or prune against --min-saving. "
+        "See docs/budget.md.")
+    p.add_argument("shapes", help="a ShapeTable parquet from `tuner harvest`")
+    p.add_argument("--device", metavar="PROFILE",
+                   help="a profile JSON from `tuner device`, a saved profile name, or a spec name "
+                   "(a100, h100, h200, mi300x: published peaks, not measured)")
+    p.add_argument("--bandwidth", metavar="RATE", help="read bandwidth, e.g. 4.8TB/s (overrides)")
+    p.add_argument("--matmul-rate", metavar="RATE", help="bf16 matmul rate, e.g. 989TFLOPs (overrides)")
+    p.add_argument("--min-saving", metavar="THRESHOLD", default="0.5%",
+                   help="keep a shape if it can save this per token: a share of the step (0.5%%) "
+                   "or a time (40us, 0.04ms); default 0.5%%")
+    p.add_argument("--safety", metavar="F", default="0.5",
+                   help="part of the headroom a real kernel is assumed to reach (0-1]; default 0.5")
+    p.add_argument("--phase", choices=("decode", "prefill", "other", "all"), default="all",
+                   help="budget only the rows of this phase (default: all, each against its own step)")
+    p.add_argument("--hit-rate", metavar="F", default="1.0",
+                   help="share of the calls a tuned config would serve (0-1]; default 1.0")
+    p.add_argument("--graph-captured", action="store_true",
+                   help="compare with the step's GPU-busy time (the step under CUDA graphs) "
+                   "instead of its wall time")
+    p.add_argument("--measure", action="store_true",
+                   help="re-measure the baseline us per call on this machine's GPU")
+    p.add_argument("-o", "--output", metavar="PATH",
+                   help="where to write the budget parquet (default artifacts/budget/<shapes>.parquet)")
     p.set_defaults(func=cmd_budget)
 
 
+def _budget_profile(args, table):
+    """The DeviceProfile for `tuner budget`: --device, a saved profile matching the table's device
+    column, or --bandwidth with --matmul-rate; overrides applied last."""
+    import dataclasses
+
+    from . import budget
+    from .device import DEVICES_DIR, DeviceProfile, SPEC_PROFILES, load_profile
+
+    bandwidth = budget.parse_bandwidth(args.bandwidth) if args.bandwidth else None
+    rate = budget.parse_matmul_rate(args.matmul_rate) if args.matmul_rate else None
+    profile, where = None, ""
+    if args.device:
+        profile = load_profile(args.device)
+        where = args.device
+    else:
+        for name in table["device"].dropna().unique():
+            key = DeviceProfile("", "", str(name), "", 0, 0, 0, 0.0, 0.0).key
+            if key and (DEVICES_DIR / f"{key}.json").exists():
+                profile = load_profile(DEVICES_DIR / f"{key}.json")
+                where = f"{DEVICES_DIR / key}.json, matching the table's device {name!r}"
+                break
+    if profile is None:
+        if bandwidth is None or rate is None:
+            raise TunerError(
+                "no device profile: give --device with a profile JSON from `tuner device`, a saved "
+                f"profile name, or a spec name ({', '.join(sorted(SPEC_PROFILES))}); "
+                "or give both --bandwidth and --matmul-rate")
+        profile = DeviceProfile("", "", "given rates", "", 0, 0, 0, bandwidth, rate, source="given")
+        return profile, "--bandwidth and --matmul-rate"
+    if bandwidth is not None or rate is not None:
+        profile = dataclasses.replace(
+            profile, source=f"{profile.source}, overridden",
+            read_bandwidth_bytes_per_s=bandwidth or profile.read_bandwidth_bytes_per_s,
+            bf16_matmul_flops_per_s=rate or profile.bf16_matmul_flops_per_s)
+    return profile, where
+
+
 def cmd_budget(args) -> int:
-    raise TunerError("budget is not implemented yet")
+    from pathlib import Path
+
+    from . import budget, shapetable
+    from .errors import warn
+
+    threshold = budget.parse_threshold(args.min_saving,
+                                       safety=budget.parse_positive(args.safety, "--safety"))
+    hit_rate = budget.parse_positive(args.hit_rate, "--hit-rate")
+    table = shapetable.read(args.shapes)
+    if len(table) == 0:
+        raise TunerError(f"{args.shapes} has no rows: nothing to budget")
+    if args.phase != "all":
+        present = sorted(table["phase"].dropna().unique())
+        table = table[table["phase"] == args.phase]
+        if len(table) == 0:
+            raise TunerError(f"{args.shapes} has no {args.phase} rows; phases present: "
+                             f"{', '.join(present) or 'none'}")
+    profile, where = _budget_profile(args, table)
+    measured = budget.measure_baselines(table) if args.measure else None
+    result = budget.compute(table, profile, threshold=threshold, hit_rate=hit_rate,
+                            graph_captured=args.graph_captured, baseline_us=measured)
+
+    label = {"spec": "published datasheet peaks, not measured",
+             "given": "rates given on the command line"}.get(profile.source, profile.source)
+    print(f"budget of {args.shapes}")
+    print(f"device: {profile.name} -- {label} (from {where}): read "
+          f"{profile.read_bandwidth_bytes_per_s / 1e12:.3g} TB/s, bf16 matmul "
+          f"{profile.bf16_matmul_flops_per_s / 1e12:.3g} TFLOP/s")
+    print(f"threshold: {threshold.describe()}; hit rate {hit_rate:g}; per token = per step of "
+          f"the phase")
+    for note in budget.phase_notes(result):
+        print(note)
+    print()
+    print(budget.format_table(result))
+    unbudgeted = result["baseline_us"].isna().sum()
+    if unbudgeted:
+        warn(f"{unbudgeted} of {len(result)} shapes have no GPU time in the trace (CPU-only "
+             "trace?): they cannot be budgeted and are kept; rerun with --measure on the GPU")
+    output = Path(args.output) if args.output else (
+        Path("artifacts") / "budget" / (Path(args.shapes).name.removesuffix(".parquet") + ".parquet"))
+    budget.write(result, output)
+    kept = int((result["verdict"] == "keep").sum())
+    print(f"\nkept {kept} of {len(result)} shapes; budget written to {output}")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------- estimate
 def _add_estimate(sub) -> None:
-    p = sub.add_parser("estimate", help="saving per token / Amdahl calculator")
+    p = sub.add_parser(
+        "estimate", help="saving per token / Amdahl calculator",
+        description="Three questions: (1) --saving-us S --calls-per-step C --step-ms T: what a "
+        "saving of S us per call is worth per token and as a share of the step; (2) --target P "
+        "--calls-per-step C --step-ms T: the saving per call needed to move the step by P; "
+        "(3) --speedup X --share F: Amdahl's bound on the whole step when a part taking share F "
+        "of it gets X times faster.",
+        epilog="examples:\n  tuner estimate --saving-us 3.1 --calls-per-step 48 --step-ms 44\n"
+        "  tuner estimate --target 1% --calls-per-step 48 --step-ms 44\n"
+        "  tuner estimate --speedup 1.08 --share 0.88",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--saving-us", metavar="US", help="saving per call, in us")
+    p.add_argument("--target", metavar="SHARE", help="wanted share of the step, e.g. 1%% or 0.01")
+    p.add_argument("--calls-per-step", metavar="N", help="calls of the kernel per step (per token)")
+    p.add_argument("--step-ms", metavar="MS", help="step (token) time in ms")
+    p.add_argument("--step-us", metavar="US", help="step (token) time in us")
+    p.add_argument("--hit-rate", metavar="F", default="1.0",
+                   help="share of the calls the faster kernel serves (0-1]; default 1.0")
+    p.add_argument("--speedup", metavar="X", help="kernel speedup (old time / new time)")
+    p.add_argument("--share", metavar="F", help="share of the step the kernel takes, e.g. 0.88 or 88%%")
     p.set_defaults(func=cmd_estimate)
 
 
 def cmd_estimate(args) -> int:
-    raise TunerError("estimate is not implemented yet")
+    from . import budget
+
+    amdahl_mode = args.speedup is not None or args.share is not None
+    saving_mode = args.saving_us is not None
+    target_mode = args.target is not None
+    if amdahl_mode + saving_mode + target_mode != 1:
+        raise TunerError("give exactly one of: --saving-us (with --calls-per-step and --step-ms), "
+                         "--target (with --calls-per-step and --step-ms), or --speedup with --share")
+    if amdahl_mode:
+        if args.speedup is None or args.share is None:
+            raise TunerError("the Amdahl bound needs both --speedup and --share")
+        speedup = budget.parse_positive(args.speedup, "--speedup")
+        share = budget.parse_share(args.share, "--share")
+        whole = budget.amdahl(share, speedup)
+        print(f"a {speedup:g}x kernel on {share * 100:.4g}% of the step: the step gets "
+              f"{whole:.4g}x faster, its time {(1 - 1 / whole) * 100:.3g}% shorter "
+              f"(Amdahl: 1 / ((1 - {share:g}) + {share:g} / {speedup:g}))")
+        return 0
+
+    if args.calls_per_step is None or (args.step_ms is None) == (args.step_us is None):
+        raise TunerError("give --calls-per-step and one of --step-ms / --step-us")
+    calls = budget.parse_positive(args.calls_per_step, "--calls-per-step")
+    step_us = (budget.parse_positive(args.step_ms, "--step-ms") * 1000.0 if args.step_ms is not None
+               else budget.parse_positive(args.step_us, "--step-us"))
+    hit_rate = budget.parse_positive(args.hit_rate, "--hit-rate")
+    if hit_rate > 1:
+        raise TunerError(f"--hit-rate must be in (0, 1], got {args.hit_rate!r}")
+    hits = f" x hit rate {hit_rate:g}" if hit_rate != 1 else ""
+    if saving_mode:
+        saving = budget.parse_positive(args.saving_us, "--saving-us")
+        per_token = budget.saving_per_token(saving, calls, hit_rate)
+        print(f"saving per token: {per_token:.4g} us ({saving:g} us x {calls:g} calls{hits})")
+        print(f"share of the step: {per_token / step_us * 100:.3g}% of {step_us / 1000:g} ms")
+    else:
+        share = budget.parse_share(args.target, "--target")
+        needed = budget.saving_per_call_needed(share, step_us, calls, hit_rate)
+        print(f"to save {share * 100:.4g}% of a {step_us / 1000:g} ms step "
+              f"({share * step_us:.4g} us per token) over {calls:g} calls{hits}: "
+              f"save {needed:.3g} us per call")
+    return 0
 
 
 # ------------------------------------------------------------------------------------------ search

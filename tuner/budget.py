@@ -1,0 +1,493 @@
+"""Budget screening: can a shape matter at all, before any search? (DESIGN.md "Budget before search")
+
+For every ShapeTable row and a DeviceProfile this module computes
+
+- the bytes a call must move (each input read once, the output written once) and its flops;
+- the physical floor of one call: max(bytes / read bandwidth, flops / matmul rate), in µs;
+- the baseline µs per call (the trace's `us_per_call`, or a re-measurement with `--measure`);
+- the headroom: the most any kernel could save, per call (baseline − floor, clipped at 0), per
+  step (× calls_per_step × hit_rate) and as a share of the step time;
+- a keep / prune verdict: keep a shape when `safety` × its headroom per step still reaches the
+  threshold (µs per step or a share of the step), with the reason in words.
+
+"Per token" means per step of the row's phase: one decode step produces one token for every
+sequence in the batch, so a saving of X µs per decode step lowers every sequence's time per
+generated token (inter-token latency) by X µs. The share of the step is the same whether you read
+it as latency or throughput. For prefill rows a "step" is one prefill forward pass (time to first
+token). docs/budget.md explains the model and the default threshold.
+
+Every number here is in µs, bytes, flops, bytes/s or flop/s; shares are fractions (0.005 = 0.5%).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from .device import DeviceProfile
+from .errors import NoGPUError, TunerError, warn
+
+# Bytes per element for the dtype names a trace can carry (torch names, c10 names, short names).
+DTYPE_BYTES: dict[str, int] = {
+    "float64": 8, "double": 8,
+    "float32": 4, "float": 4,
+    "bfloat16": 2, "float16": 2, "half": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2, "short": 2,
+    "int8": 1, "uint8": 1, "bool": 1,
+}
+
+# The profile measures the dense bf16 matmul rate. It bounds fp16/bf16 matmuls and, because fp32
+# and fp64 matmuls are never faster than bf16 on these GPUs, it is still a valid (low) floor for
+# them. FP8/INT8 matmuls can run faster than bf16, so for them only the bandwidth floor is used:
+# the floor must never exceed what the hardware can do, or pruning would drop shapes that matter.
+COMPUTE_FLOOR_DTYPES = ("bfloat16", "float16", "half", "float32", "float", "float64", "double")
+
+# Ops whose GEMM has a bias vector of n elements (out = bias + A @ B).
+BIAS_OPS = ("aten::addmm", "aten::baddbmm")
+
+# A step whose GPU is busy for less than this share of its wall time is launch-bound: the CPU
+# launching kernels sets the pace, so a faster kernel only lengthens the GPU's idle gaps and the
+# step gets no shorter until it is graph-captured (CUDA/HIP graphs).
+LAUNCH_BOUND_GPU_BUSY = 0.60
+
+# Default threshold (docs/budget.md explains the choice):
+# keep a shape when half its headroom still moves the step by at least 0.5%.
+DEFAULT_SHARE = 0.005
+DEFAULT_SAFETY = 0.5
+
+PHASE_ORDER = {"decode": 0, "prefill": 1, "other": 2}
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """What a shape must be able to save per step to be worth a search.
+
+    Exactly one of `us_per_token` (µs per step) or `share` (fraction of the step time) is set.
+    `safety` is the part of the headroom a real kernel is assumed to reach in a real step:
+    a shape is kept when safety × headroom reaches the threshold.
+    """
+
+    us_per_token: float | None = None
+    share: float | None = None
+    safety: float = DEFAULT_SAFETY
+
+    def __post_init__(self):
+        if (self.us_per_token is None) == (self.share is None):
+            raise TunerError("a budget threshold needs exactly one of: µs per token, share of the step")
+        value = self.us_per_token if self.share is None else self.share
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise TunerError(f"the budget threshold must be a positive number, got {value!r}")
+        if self.share is not None and self.share >= 1:
+            raise TunerError(f"a threshold share of the step must be below 100%, got {self.share:.4g}")
+        if not (math.isfinite(self.safety) and 0 < self.safety <= 1):
+            raise TunerError(f"the safety factor must be in (0, 1], got {self.safety!r}")
+
+    def describe(self) -> str:
+        if self.share is not None:
+            target = f"{_pct(self.share)} of the step"
+        else:
+            target = f"{self.us_per_token:g} us per token"
+        return f"keep a shape if {self.safety:g} x its headroom >= {target}"
+
+
+DEFAULT_THRESHOLD = Threshold(share=DEFAULT_SHARE, safety=DEFAULT_SAFETY)
+
+
+# ------------------------------------------------------------------------------- parsing numbers
+_NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+
+_TIME_UNITS = {"us": 1.0, "µs": 1.0, "μs": 1.0, "ms": 1000.0, "s": 1e6}
+_BANDWIDTH_UNITS = {"b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12,
+                    "kib/s": 2.0**10, "mib/s": 2.0**20, "gib/s": 2.0**30, "tib/s": 2.0**40}
+_RATE_PREFIXES = {"": 1.0, "g": 1e9, "t": 1e12, "p": 1e15}
+
+
+def _split(text: str, what: str, example: str) -> tuple[float, str]:
+    match = re.fullmatch(_NUMBER + r"\s*(.*)", str(text).strip())
+    if not match:
+        raise TunerError(f"cannot read {what} {text!r}: expected a number with a unit, e.g. {example}")
+    value = float(match.group(1))
+    if not math.isfinite(value):
+        raise TunerError(f"cannot read {what} {text!r}: not a finite number")
+    return value, match.group(2).strip()
+
+
+def parse_threshold(text: str, safety: float = DEFAULT_SAFETY) -> Threshold:
+    """'0.5%' -> share of the step; '40us' / '40µs' / '0.04ms' -> µs per token (per step)."""
+    value, unit = _split(text, "--min-saving", "0.5% or 40us")
+    if value <= 0:
+        raise TunerError(f"--min-saving must be positive, got {text!r}")
+    if unit == "%":
+        return Threshold(share=value / 100.0, safety=safety)
+    scale = _TIME_UNITS.get(unit) or _TIME_UNITS.get(unit.lower())
+    if scale is not None:
+        return Threshold(us_per_token=value * scale, safety=safety)
+    raise TunerError(f"cannot read --min-saving {text!r}: give a share like 0.5% or a time per "
+                     f"token like 40us or 0.04ms")
+
+
+def parse_bandwidth(text: str) -> float:
+    """'4.8TB/s', '4800 GB/s', '3.2TiB/s' -> bytes per second (decimal TB unless TiB)."""
+    value, unit = _split(text, "--bandwidth", "4.8TB/s")
+    scale = _BANDWIDTH_UNITS.get(unit.lower().replace("ps", "/s"))
+    if scale is None:
+        raise TunerError(f"cannot read --bandwidth {text!r}: give a unit, e.g. 4.8TB/s or 4800GB/s")
+    if value <= 0:
+        raise TunerError(f"--bandwidth must be positive, got {text!r}")
+    return value * scale
+
+
+def parse_matmul_rate(text: str) -> float:
+    """'989TFLOPs', '989 TFLOP/s', '0.99PFLOPS' -> flops per second."""
+    value, unit = _split(text, "--matmul-rate", "989TFLOPs")
+    match = re.fullmatch(r"([gtp]?)flop(?:s|/s)?", unit.lower())
+    if not match:
+        raise TunerError(f"cannot read --matmul-rate {text!r}: give a unit, e.g. 989TFLOPs or "
+                         f"989TFLOP/s")
+    if value <= 0:
+        raise TunerError(f"--matmul-rate must be positive, got {text!r}")
+    return value * _RATE_PREFIXES[match.group(1)]
+
+
+def parse_share(text: str, what: str) -> float:
+    """'0.88' or '88%' -> 0.88."""
+    value, unit = _split(text, what, "0.88 or 88%")
+    if unit == "%":
+        value /= 100.0
+    elif unit:
+        raise TunerError(f"cannot read {what} {text!r}: give a fraction like 0.88 or a percent like 88%")
+    if not 0 < value <= 1:
+        raise TunerError(f"{what} must be a share in (0, 1] (or (0%, 100%]), got {text!r}")
+    return value
+
+
+def parse_positive(text: str, what: str) -> float:
+    """A plain positive finite number (a flag value such as --saving-us 3.1)."""
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        raise TunerError(f"{what} must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise TunerError(f"{what} must be a positive number, got {text!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------- the model
+def amdahl(f: float, s: float) -> float:
+    """Whole-step speedup when a part taking share `f` of the step gets `s` times faster."""
+    if not (math.isfinite(f) and 0 <= f <= 1):
+        raise TunerError(f"Amdahl: the share of the step must be in [0, 1], got {f!r}")
+    if not (math.isfinite(s) and s > 0):
+        raise TunerError(f"Amdahl: the speedup must be a positive number, got {s!r}")
+    return 1.0 / ((1.0 - f) + f / s)
+
+
+def saving_per_token(saving_us_per_call: float, calls_per_step: float, hit_rate: float = 1.0) -> float:
+    """µs saved per step (= per generated token of each sequence, for decode)."""
+    return saving_us_per_call * calls_per_step * hit_rate
+
+
+def saving_per_call_needed(share: float, step_us: float, calls_per_step: float,
+                           hit_rate: float = 1.0) -> float:
+    """The saving per call (µs) that moves a step of `step_us` by `share`."""
+    return share * step_us / (calls_per_step * hit_rate)
+
+
+def dtype_bytes(dtype: str) -> int | None:
+    name = str(dtype).strip().lower()
+    for prefix in ("torch.", "c10::"):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    return DTYPE_BYTES.get(name)
+
+
+def _int_or_none(row, column: str) -> int | None:
+    if column not in row or pd.isna(row[column]):
+        return None
+    return int(row[column])
+
+
+def bytes_and_flops(row) -> tuple[float, float, str]:
+    """(bytes moved, flops, why-not) for one ShapeTable row; NaN and a reason when unknown."""
+    size = dtype_bytes(row["dtype"])
+    if size is None:
+        return math.nan, math.nan, f"unknown dtype {row['dtype']!r}"
+    family = str(row["family"])
+    if family == "gemm":
+        m, n, k, batch = (int(row[c]) for c in ("m", "n", "k", "batch"))
+        batch = max(batch, 1)
+        elements = batch * (m * k + k * n + m * n)  # A[m,k], B[k,n], out[m,n], per batch
+        if str(row["op"]) in BIAS_OPS:
+            elements += n  # the bias vector
+        return float(elements * size), 2.0 * m * n * k * batch, ""
+    if family == "attention":
+        heads = _int_or_none(row, "heads")
+        kv_heads = _int_or_none(row, "kv_heads") or heads
+        q_len = _int_or_none(row, "q_len")
+        kv_len = _int_or_none(row, "kv_len")
+        head_dim = _int_or_none(row, "head_dim")
+        if None in (heads, q_len, kv_len, head_dim):
+            return math.nan, math.nan, "attention row lacks heads/q_len/kv_len/head_dim"
+        batch = max(int(row["batch"]), 1)
+        # q and out: [batch, heads, q_len, head_dim]; k and v cache: [batch, kv_heads, kv_len, head_dim]
+        elements = 2 * batch * heads * q_len * head_dim + 2 * batch * kv_heads * kv_len * head_dim
+        return float(elements * size), 4.0 * batch * heads * q_len * kv_len * head_dim, ""
+    return math.nan, math.nan, f"no byte/flop model for family {family!r}"
+
+
+def floor_us(nbytes: float, nflops: float, dtype: str, profile: DeviceProfile) -> float:
+    """Physical floor of one call in µs: max(bytes / bandwidth, flops / matmul rate)."""
+    memory_us = nbytes / profile.read_bandwidth_bytes_per_s * 1e6
+    name = str(dtype).lower().removeprefix("torch.").removeprefix("c10::")
+    if name in COMPUTE_FLOOR_DTYPES:
+        return max(memory_us, nflops / profile.bf16_matmul_flops_per_s * 1e6)
+    return memory_us
+
+
+def check_profile(profile: DeviceProfile) -> None:
+    for field, value in (("read bandwidth", profile.read_bandwidth_bytes_per_s),
+                         ("bf16 matmul rate", profile.bf16_matmul_flops_per_s)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise TunerError(f"device profile {profile.name!r} has no usable {field} ({value!r})")
+
+
+def _check_table(table: pd.DataFrame) -> None:
+    if len(table) == 0:
+        raise TunerError("the shape table is empty: nothing to budget "
+                         "(did harvest find any matmul or attention calls?)")
+    for column in ("us_per_call", "calls_per_step", "step_us", "step_gpu_us"):
+        values = pd.to_numeric(table[column], errors="coerce")
+        bad = values[values < 0]
+        if len(bad):
+            raise TunerError(f"the shape table has a negative {column} ({bad.iloc[0]:g} in row "
+                             f"{bad.index[0]}): not a valid ShapeTable")
+
+
+def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold = DEFAULT_THRESHOLD,
+            hit_rate: float = 1.0, graph_captured: bool = False,
+            baseline_us: pd.Series | None = None) -> pd.DataFrame:
+    """The budget of every row of a ShapeTable on `profile`.
+
+    Returns the ShapeTable columns plus: bytes, flops, floor_us, baseline_us, baseline_source,
+    headroom_us_per_call, hit_rate, headroom_us_per_token, step_basis_us, headroom_share,
+    gpu_busy_share, launch_bound, verdict ("keep" / "prune"), reason, and the profile and
+    threshold used. Sorted by phase (decode first), then by headroom per token, largest first.
+
+    `graph_captured=True` compares with the GPU-busy time of the step (`step_gpu_us`, about what
+    the step takes once CUDA-graph captured) instead of its wall time (`step_us`).
+    `baseline_us` (aligned with `table`'s index; NaN = keep the trace's value) replaces the
+    trace's `us_per_call`, e.g. with `measure_baselines`.
+    """
+    _check_table(table)
+    check_profile(profile)
+    if not (math.isfinite(hit_rate) and 0 < hit_rate <= 1):
+        raise TunerError(f"the hit rate must be in (0, 1], got {hit_rate!r}")
+
+    rows = []
+    for index, row in table.iterrows():
+        nbytes, nflops, no_model = bytes_and_flops(row)
+        floor = floor_us(nbytes, nflops, row["dtype"], profile) if not no_model else math.nan
+
+        baseline, baseline_source = float(row["us_per_call"]), "trace"
+        if baseline_us is not None and index in baseline_us.index and pd.notna(baseline_us[index]):
+            baseline, baseline_source = float(baseline_us[index]), "measured"
+
+        # Unknown floor: the headroom cannot exceed the baseline, so use that upper bound.
+        headroom_call = baseline - (floor if math.isfinite(floor) else 0.0)
+        headroom_call = max(headroom_call, 0.0) if math.isfinite(headroom_call) else math.nan
+        calls = float(row["calls_per_step"])
+        headroom_token = saving_per_token(headroom_call, calls, hit_rate)
+
+        step_wall, step_gpu = float(row["step_us"]), float(row["step_gpu_us"])
+        step_basis = step_gpu if graph_captured else step_wall
+        if not (math.isfinite(step_basis) and step_basis > 0):
+            step_basis = math.nan
+        share = headroom_token / step_basis
+        gpu_busy = step_gpu / step_wall if step_wall > 0 else math.nan
+        launch_bound = bool(gpu_busy < LAUNCH_BOUND_GPU_BUSY) if math.isfinite(gpu_busy) else False
+
+        verdict, reason = _verdict(threshold, baseline=baseline, floor=floor, no_model=no_model,
+                                   calls=calls, headroom_token=headroom_token, share=share,
+                                   graph_captured=graph_captured)
+        rows.append({
+            "bytes": nbytes, "flops": nflops, "floor_us": floor,
+            "baseline_us": baseline, "baseline_source": baseline_source,
+            "headroom_us_per_call": headroom_call, "hit_rate": float(hit_rate),
+            "headroom_us_per_token": headroom_token, "step_basis_us": step_basis,
+            "headroom_share": share, "gpu_busy_share": gpu_busy, "launch_bound": launch_bound,
+            "verdict": verdict, "reason": reason,
+        })
+
+    out = pd.concat([table.reset_index(drop=True), pd.DataFrame(rows)], axis=1)
+    out["profile"] = profile.name
+    out["profile_source"] = profile.source
+    out["threshold"] = threshold.describe()
+    out["step_basis"] = "gpu_busy" if graph_captured else "wall"
+    out["_phase_order"] = out["phase"].map(PHASE_ORDER).fillna(len(PHASE_ORDER))
+    out = out.sort_values(["_phase_order", "headroom_us_per_token"], ascending=[True, False],
+                          na_position="last", kind="stable")
+    return out.drop(columns="_phase_order").reset_index(drop=True)
+
+
+def _verdict(threshold: Threshold, *, baseline: float, floor: float, no_model: str, calls: float,
+             headroom_token: float, share: float, graph_captured: bool) -> tuple[str, str]:
+    """keep / prune and why. Prune only on evidence: a row that cannot be judged is kept."""
+    if not math.isfinite(baseline):
+        return "keep", ("not budgeted: no GPU time for this call in the trace (CPU-only trace?); "
+                        "rerun `tuner budget --measure` on the GPU")
+    if not (math.isfinite(calls) and calls > 0):
+        return "keep", "not budgeted: calls per step unknown (no step markers in the trace?)"
+    if math.isfinite(floor) and baseline <= floor:
+        return "prune", (f"baseline {baseline:.3g} us is already at the floor {floor:.3g} us "
+                         f"(nothing to gain)")
+    step_word = "GPU-busy step" if graph_captured else "step"
+    floor_note = f" (floor unknown: {no_model}; headroom = whole baseline)" if no_model else ""
+    realistic = threshold.safety * headroom_token
+    if threshold.share is not None:
+        if not math.isfinite(share):
+            return "keep", f"not budgeted: no {step_word} time to take a share of"
+        got, need = threshold.safety * share, threshold.share
+        text = (f"{threshold.safety:g} x headroom = {realistic:.3g} us/token = {_pct(got)} of the "
+                f"{step_word}")
+        target = f"{_pct(need)}"
+    else:
+        got, need = realistic, threshold.us_per_token
+        text = f"{threshold.safety:g} x headroom = {realistic:.3g} us/token"
+        target = f"{need:g} us/token"
+    if got >= need:
+        return "keep", f"{text} >= {target}{floor_note}"
+    return "prune", f"{text} < {target}{floor_note}"
+
+
+def surviving(budget: pd.DataFrame) -> pd.DataFrame:
+    """The rows the search should spend GPU time on (verdict == "keep"), best first."""
+    if "verdict" not in budget.columns:
+        raise TunerError("not a budget table (no verdict column): run `tuner budget` first")
+    return budget[budget["verdict"] == "keep"].reset_index(drop=True)
+
+
+def write(budget: pd.DataFrame, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    budget.to_parquet(tmp, index=False)
+    tmp.replace(path)
+    return path
+
+
+def read(path: str | Path) -> pd.DataFrame:
+    path = Path(path)
+    if not path.exists():
+        raise TunerError(f"budget table not found: {path}")
+    try:
+        budget = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several types for a bad file
+        raise TunerError(f"cannot read budget table {path}: {exc}") from None
+    if "verdict" not in budget.columns:
+        raise TunerError(f"{path} is not a budget table (no verdict column)")
+    return budget
+
+
+# ------------------------------------------------------------------------------ measuring baselines
+def kernel_shape(row) -> tuple[str, dict] | None:
+    """The kernel family and shape dict that serve a ShapeTable row, or None."""
+    import kernels
+
+    for name in kernels.family_names():
+        try:
+            family = kernels.get_family(name)
+        except ImportError as exc:
+            warn(f"kernel family {name} cannot be imported ({exc}); its rows keep the trace's time")
+            continue
+        shape = family.shape_from_row(row)
+        if shape is not None:
+            return name, shape
+    return None
+
+
+def measure_baselines(table: pd.DataFrame) -> pd.Series:
+    """Re-measure the baseline µs per call of every row on this machine's GPU (cold cache).
+
+    Rows no kernel family serves keep NaN (the trace's time is used for them).
+    """
+    try:
+        import torch
+    except ImportError:
+        raise NoGPUError("--measure needs torch and a CUDA or ROCm GPU; torch is not installed") from None
+    if not torch.cuda.is_available():
+        raise NoGPUError("--measure needs a CUDA or ROCm GPU and none is visible on this machine")
+    from . import bench
+
+    measured = pd.Series(math.nan, index=table.index, dtype="float64")
+    for index, row in table.iterrows():
+        found = kernel_shape(row)
+        if found is None:
+            warn(f"row {index} ({row['op']} {row['family']}): no kernel family serves it; "
+                 f"keeping the trace's time")
+            continue
+        family, shape = found
+        try:
+            measured[index] = bench.time_baseline(family, shape, cache="cold").median_us
+        except Exception as exc:  # one failing shape must not stop the budget
+            warn(f"row {index} ({family} {shape}): baseline measurement failed ({exc}); "
+                 f"keeping the trace's time")
+    return measured
+
+
+# --------------------------------------------------------------------------------------- printing
+def _pct(share: float) -> str:
+    if not math.isfinite(share):
+        return "n/a"
+    return f"{share * 100:.3g}%"
+
+
+def _num(value: float, digits: int = 3) -> str:
+    return "n/a" if not math.isfinite(value) else f"{value:.{digits}g}"
+
+
+def describe_shape(row) -> str:
+    if str(row["family"]) == "attention" and _int_or_none(row, "heads") is not None:
+        return (f"b={row['batch']} h={_int_or_none(row, 'heads')}/{_int_or_none(row, 'kv_heads')} "
+                f"q={_int_or_none(row, 'q_len')} kv={_int_or_none(row, 'kv_len')} "
+                f"d={_int_or_none(row, 'head_dim')}")
+    text = f"m={row['m']} n={row['n']} k={row['k']}"
+    return text + (f" b={row['batch']}" if int(row["batch"]) > 1 else "")
+
+
+def phase_notes(budget: pd.DataFrame) -> list[str]:
+    """One line per phase: step time, GPU busy share, and the launch-bound warning."""
+    notes = []
+    for phase, rows in budget.groupby("phase", sort=False):
+        step, gpu = rows["step_us"].median(), rows["step_gpu_us"].median()
+        busy = gpu / step if step > 0 else math.nan
+        line = (f"{phase}: step {_num(step / 1000)} ms wall, GPU busy {_num(gpu / 1000)} ms "
+                f"({_pct(busy)})")
+        if math.isfinite(busy) and busy < LAUNCH_BOUND_GPU_BUSY:
+            line += (" -- launch-bound: kernel savings will not reach the user until the step is "
+                     "graph-captured (CUDA/HIP graphs)")
+            if (rows["step_basis"] == "wall").all():
+                line += "; --graph-captured budgets against the GPU-busy time instead"
+        notes.append(line)
+    return notes
+
+
+def format_table(budget: pd.DataFrame) -> str:
+    """The budget as aligned text, one line per shape."""
+    header = ("phase", "op", "shape", "dtype", "calls/step", "floor us", "base us", "save us/call",
+              "save us/token", "share", "verdict", "reason")
+    lines = [header]
+    for _, row in budget.iterrows():
+        lines.append((
+            str(row["phase"]), str(row["op"]), describe_shape(row), str(row["dtype"]),
+            _num(float(row["calls_per_step"])), _num(row["floor_us"]), _num(row["baseline_us"]),
+            _num(row["headroom_us_per_call"]), _num(row["headroom_us_per_token"]),
+            _pct(row["headroom_share"]), str(row["verdict"]), str(row["reason"]),
+        ))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) + "  " + line[-1]
+                     for line in lines)
