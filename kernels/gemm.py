@@ -1,0 +1,352 @@
+"""GEMM family: out[m, n] = A[m, k] · B[k, n], bf16/fp16 in, fp32 accumulation, tiled.
+
+Layouts (the ShapeTable ``layout`` column, first letter for A, second for B):
+- ``NT`` (the common case, a linear layer): B is given as a weight ``[n, k]``; the kernel reads
+  the ``[k, n]`` view ``weight.t()`` through its strides.
+- ``NN``: B is a plain ``[k, n]`` row-major matrix.
+- ``TN`` / ``TT``: A is stored as ``[k, m]`` and read through the transposed view.
+Inputs hold ``a`` as the logical ``[m, k]`` view and ``b`` as the logical ``[k, n]`` view (with a
+leading batch dimension when ``batch > 1``), so torch's matmul on the same tensors is the
+baseline (cuBLAS / hipBLASLt pick the transposed operation from the strides).
+
+Parameters (search_spaces/gemm.yaml): BLOCK_M, BLOCK_N, BLOCK_K (tile), GROUP_M (grouped launch
+order: GROUP_M row-tiles share the same B column-tiles while they are in L2), SPLIT_K (K split
+over SPLIT_K programs writing fp32 partials; a second kernel sums them in a fixed order, so the
+result is deterministic, no atomics), num_warps, num_stages; on hip also waves_per_eu,
+matrix_instr_nonkdim, kpack (Triton HIP compile options, passed as launch keyword arguments).
+Ragged m / n / k are handled with masks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import KernelFamily, format_shape_key
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+LAYOUTS = ("NN", "NT", "TN", "TT")
+HIP_KNOBS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+REDUCE_BLOCK = 1024
+
+
+def fix_interpreter() -> None:
+    """Work around two Triton 3.6 interpreter bugs (TRITON_INTERPRET=1 only; idempotent).
+
+    1. Scalars are 1-element arrays converted with ``int(array)``, which NumPy >= 2.3 refuses
+       ("only 0-dimensional arrays can be converted to Python scalars"), so ``range(start, end)``
+       over runtime values fails. We read the single element instead.
+    2. ``tl.dot`` on bfloat16 multiplies the raw uint16 storage bits (NumPy has no bfloat16). We
+       widen bfloat16 operands to float32 first (exact), as the GPU's MMA does.
+    Compiled kernels are unaffected: this patches the interpreter only.
+    """
+    try:
+        import numpy as np
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    if getattr(interpreter, "_kernels_fixed", False):
+        return
+    original_patch = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original_patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    builder = interpreter.InterpreterBuilder
+    original_dot = builder.create_dot
+
+    def widen(handle):
+        if handle.dtype.scalar == tl.bfloat16:
+            bits = handle.data.astype(np.uint32) << 16
+            return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+        return handle
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    builder.create_dot = create_dot
+    interpreter._kernels_fixed = True
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    fix_interpreter()
+
+
+@triton.jit
+def gemm_kernel(
+    a_ptr, b_ptr, c_ptr,
+    M, N, K,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_cb, stride_cs, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """One (BLOCK_M x BLOCK_N) output tile of one batch entry over one K split.
+
+    grid = (tiles_m * tiles_n, SPLIT_K, batch). With SPLIT_K == 1, c is the output; otherwise c is
+    the fp32 workspace [batch * SPLIT_K, M, N] (stride_cs between splits).
+    """
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_b = tl.program_id(2).to(tl.int64)
+
+    # Grouped ordering: walk GROUP_M row-tiles down a column of tiles before moving right.
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    # This program's K tiles: [tile_start, tile_end).
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    tile_start = pid_k * tiles_per_split
+    tile_end = min(tile_start + tiles_per_split, k_tiles)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+
+    a_ptrs = (a_ptr + pid_b * stride_ab + offs_m[:, None] * stride_am
+              + (tile_start * BLOCK_K + offs_k)[None, :] * stride_ak)
+    b_ptrs = (b_ptr + pid_b * stride_bb + (tile_start * BLOCK_K + offs_k)[:, None] * stride_bk
+              + offs_n[None, :] * stride_bn)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(tile_start, tile_end):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
+        else:
+            k_left = K - t * BLOCK_K
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    c_ptrs = (c_ptr + pid_b * stride_cb + pid_k * stride_cs + offs_m[:, None] * stride_cm
+              + offs_n[None, :] * stride_cn)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def splitk_reduce_kernel(ws_ptr, c_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """out[b, i] = sum over s of ws[b, s, i], in a fixed order (deterministic). grid=(cdiv(MN, BLOCK), batch)."""
+    pid = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + (pid_b * SPLIT_K + s) * MN + offs, mask=mask, other=0.0)
+    tl.store(c_ptr + pid_b * MN + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Shapes and inputs
+
+
+def _dtype(shape: dict) -> torch.dtype:
+    name = shape.get("dtype", "bfloat16")
+    if name not in DTYPES:
+        raise ValueError(f"gemm supports {', '.join(DTYPES)}, not {name!r}")
+    return DTYPES[name]
+
+
+def _batch(shape: dict) -> int:
+    return int(shape.get("batch", 1) or 1)
+
+
+def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
+    """Random a (logical [m, k]) and b (logical [k, n]) stored as the layout says."""
+    m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
+    layout = shape.get("layout", "NT")
+    if layout not in LAYOUTS:
+        raise ValueError(f"gemm layout must be one of {LAYOUTS}, not {layout!r}")
+    dtype = _dtype(shape)
+    batch = _batch(shape)
+    lead = (batch,) if batch > 1 else ()
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rand(dims, scale):
+        # Uniform in [-scale, scale), drawn on CPU so every device sees the same numbers.
+        t = (torch.rand(*lead, *dims, generator=gen, dtype=torch.float32) * 2 - 1) * scale
+        return t.to(dtype=dtype, device=device)
+
+    # A in [-1, 1), B in [-1, 1) / sqrt(k): outputs stay O(1) for any k.
+    a = rand((m, k), 1.0) if layout[0] == "N" else rand((k, m), 1.0).transpose(-1, -2)
+    b_scale = 1.0 / math.sqrt(k)
+    b = rand((k, n), b_scale) if layout[1] == "N" else rand((n, k), b_scale).transpose(-1, -2)
+    return {"a": a, "b": b}
+
+
+def _shape_of(inputs: dict) -> tuple[int, int, int, int]:
+    a, b = inputs["a"], inputs["b"]
+    batch = a.shape[0] if a.dim() == 3 else 1
+    return batch, a.shape[-2], b.shape[-1], a.shape[-1]
+
+
+def _backend(t: torch.Tensor) -> str:
+    if t.device.type != "cuda":
+        return "cpu"
+    return "hip" if torch.version.hip else "cuda"
+
+
+def _launch_options(config: dict, backend: str) -> dict:
+    opts = {"num_warps": int(config.get("num_warps", 4)), "num_stages": int(config.get("num_stages", 2))}
+    if backend == "hip":
+        for knob in HIP_KNOBS:
+            if knob in config:
+                opts[knob] = int(config[knob])
+    return opts
+
+
+def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    a, b = inputs["a"], inputs["b"]
+    batch, m, n, k = _shape_of(inputs)
+    if b.shape[-2] != k:
+        raise ValueError(f"gemm: a is [.., {m}, {k}] but b is {tuple(b.shape)}")
+    out_shape = (batch, m, n) if a.dim() == 3 else (m, n)
+    if out is None:
+        out = torch.empty(out_shape, device=a.device, dtype=a.dtype)
+    elif tuple(out.shape) != out_shape or not out.is_contiguous():
+        raise ValueError(f"gemm: out must be a contiguous {out_shape} tensor")
+
+    block_m, block_n, block_k = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["BLOCK_K"])
+    group_m, split_k = int(config.get("GROUP_M", 8)), int(config.get("SPLIT_K", 1))
+    opts = _launch_options(config, _backend(a))
+    sab, sam, sak = (a.stride(0), a.stride(1), a.stride(2)) if a.dim() == 3 else (0, a.stride(0), a.stride(1))
+    sbb, sbk, sbn = (b.stride(0), b.stride(1), b.stride(2)) if b.dim() == 3 else (0, b.stride(0), b.stride(1))
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), split_k, batch)
+    even_k = k % block_k == 0
+
+    if split_k == 1:
+        gemm_kernel[grid](
+            a, b, out, m, n, k, sab, sam, sak, sbb, sbk, sbn, m * n, 0, n, 1,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, SPLIT_K=1,
+            EVEN_K=even_k, **opts,
+        )
+        return out
+
+    workspace = torch.empty((batch * split_k, m, n), device=a.device, dtype=torch.float32)
+    gemm_kernel[grid](
+        a, b, workspace, m, n, k, sab, sam, sak, sbb, sbk, sbn, split_k * m * n, m * n, n, 1,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, SPLIT_K=split_k,
+        EVEN_K=even_k, **opts,
+    )
+    splitk_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK), batch)](
+        workspace, out, m * n, SPLIT_K=split_k, BLOCK=REDUCE_BLOCK, num_warps=4,
+    )
+    return out
+
+
+def default_config(shape: dict, backend: str = "cuda") -> dict:
+    """A reasonable untuned config: big tiles for big m, narrow tiles (and split K) for small m."""
+    m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
+    if m >= 256:
+        config = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1,
+                  "num_warps": 8, "num_stages": 3}
+    else:
+        block_m = max(16, min(64, 1 << (max(m, 1) - 1).bit_length()))
+        tiles = triton.cdiv(m, block_m) * triton.cdiv(n, 64) * _batch(shape)
+        split_k = 1
+        while tiles * split_k < 128 and split_k < 8 and k >= 64 * 8 * split_k * 2:
+            split_k *= 2
+        config = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8,
+                  "SPLIT_K": split_k, "num_warps": 4, "num_stages": 3}
+    if backend in ("hip", "dcu"):
+        # 64 KB LDS: keep num_stages * (BM*BK + BK*BN) * 2 bytes within it.
+        config["num_stages"] = 2
+        if m >= 256:
+            config["BLOCK_K"] = 32
+        config.update({"waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1})
+    return config
+
+
+def baseline(inputs: dict) -> torch.Tensor:
+    """torch's matmul on the same (strided) views: cuBLAS / hipBLASLt, as F.linear would call."""
+    return torch.matmul(inputs["a"], inputs["b"])
+
+
+def reference(inputs: dict) -> torch.Tensor:
+    return torch.matmul(inputs["a"].float(), inputs["b"].float())
+
+
+def bytes_moved(shape: dict) -> int:
+    m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
+    elem = torch.empty((), dtype=_dtype(shape)).element_size()
+    return _batch(shape) * (m * k + k * n + m * n) * elem
+
+
+def flops(shape: dict) -> int:
+    return 2 * _batch(shape) * int(shape["m"]) * int(shape["n"]) * int(shape["k"])
+
+
+def _get(row, key, default=None):
+    try:
+        value = row[key]
+    except (KeyError, IndexError):
+        return default
+    try:
+        import pandas as pd
+
+        if pd.isna(value):
+            return default
+    except (TypeError, ValueError):
+        pass
+    return value
+
+
+def shape_from_row(row) -> dict | None:
+    """GEMM rows with m > 8 (m <= 8 belongs to gemv), or any m for batched rows (bmm, batch > 1)."""
+    if _get(row, "family") != "gemm":
+        return None
+    dtype = _get(row, "dtype")
+    if dtype not in DTYPES:
+        return None
+    m, n, k = int(_get(row, "m", 0)), int(_get(row, "n", 0)), int(_get(row, "k", 0))
+    batch = int(_get(row, "batch", 1) or 1)
+    if min(m, n, k) <= 0:
+        return None
+    if batch <= 1 and m <= 8:
+        return None
+    layout = _get(row, "layout") or "NT"
+    if layout not in LAYOUTS:
+        return None
+    shape = {"m": m, "n": n, "k": k, "dtype": dtype, "layout": layout}
+    if batch > 1:
+        shape["batch"] = batch
+    return shape
+
+
+def shape_key(shape: dict) -> str:
+    return format_shape_key(shape, ("batch", "m", "n", "k", "dtype", "layout"))
+
+
+FAMILY = KernelFamily(
+    name="gemm",
+    make_inputs=make_inputs,
+    launch=launch,
+    default_config=default_config,
+    baseline=baseline,
+    reference=reference,
+    bytes_moved=bytes_moved,
+    flops=flops,
+    shape_from_row=shape_from_row,
+    shape_key=shape_key,
+    source_files=(Path(__file__).resolve(),),
+)
