@@ -24,13 +24,78 @@ the day of a user:
 
 
 # ----------------------------------------------------------------------------------------- harvest
+HARVEST_EPILOG = """\
+examples:
+  tuner harvest shapes/examples/qwen25_05b_b4_decode.pt.trace.json.gz
+  tuner harvest vllm_profile/ --rank 0 --phase decode -o shapes/llama_decode.parquet
+  tuner harvest --live shapes/examples/qwen_live.py:QwenDecode --steps 8 -o shapes/qwen_live.parquet
+  tuner harvest --watch /tmp/traces -o shapes/server.parquet
+
+Reads torch profiler Chrome/Kineto traces (.json, .json.gz; CUDA or ROCm). A directory holds one
+file per rank: rank 0 (or the first file) is harvested, --rank chooses; ranks are never merged.
+The table (parquet) has one row per call signature and phase, with calls per step, median GPU
+us per call and its share of the step; the top rows by share are printed.
+"""
+
+
 def _add_harvest(sub) -> None:
-    p = sub.add_parser("harvest", help="extract call shapes from torch profiler traces")
+    p = sub.add_parser(
+        "harvest", help="extract call shapes from torch profiler traces",
+        description="Turn profiler traces of a real run into the ShapeTable: the GEMM and "
+        "attention call shapes, how often each runs per step and how much of the step it takes.",
+        epilog=HARVEST_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("traces", nargs="*", metavar="TRACE",
+                   help="trace files (.json, .json.gz) or profiler directories (one file per rank)")
+    p.add_argument("-o", "--output", metavar="PATH",
+                   help="shape table to write (default: shapes/<trace stem>.parquet)")
+    p.add_argument("--rank", type=int, metavar="R",
+                   help="which rank's trace to harvest from a directory (default: 0 or the first)")
+    p.add_argument("--steps", type=int, metavar="N",
+                   help="a trace without step markers holds N steps; with --live: calls to profile")
+    p.add_argument("--phase", choices=("prefill", "decode", "other"),
+                   help="keep only the rows of this phase")
+    p.add_argument("--live", metavar="MODULE:CALLABLE",
+                   help="profile CALLABLE (MODULE:NAME or path/to/file.py:NAME; a class is "
+                   "instantiated once) for --steps calls, one profiler step each, and harvest it")
+    p.add_argument("--save-trace", metavar="PATH",
+                   help="with --live: also keep the raw trace here (.json or .json.gz)")
+    p.add_argument("--watch", metavar="DIR",
+                   help="keep harvesting new trace files written into DIR into one table at -o, "
+                   "until Ctrl-C")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S",
+                   help="with --watch: seconds between polls (default 2)")
+    p.add_argument("--top", type=int, default=12, metavar="N",
+                   help="how many rows to print (default 12)")
     p.set_defaults(func=cmd_harvest)
 
 
 def cmd_harvest(args) -> int:
-    raise TunerError("harvest is not implemented yet")
+    from pathlib import Path
+
+    from . import harvest
+
+    modes = sum(bool(x) for x in (args.traces, args.live, args.watch))
+    if modes != 1:
+        raise TunerError("harvest needs exactly one of: TRACE..., --live MODULE:CALLABLE, "
+                         "--watch DIR")
+    if args.steps is not None and args.steps < 1:
+        raise TunerError("--steps must be >= 1")
+    if args.live:
+        out = args.output or Path("shapes") / f"live_{args.live.rpartition(':')[2]}.parquet"
+        result = harvest.live(args.live, args.steps, out, save_trace=args.save_trace,
+                              phase=args.phase, quiet=True)
+    elif args.watch:
+        out = args.output or Path("shapes") / f"{Path(args.watch).resolve().name}.parquet"
+        harvest.watch(args.watch, out, rank=args.rank, steps=args.steps, phase=args.phase,
+                      interval=args.interval)
+        return 0
+    else:
+        files = harvest.resolve_inputs(args.traces, args.rank)
+        out = args.output or harvest.default_output(files[0])
+        result = harvest.harvest(files, out, rank=args.rank, steps=args.steps, phase=args.phase,
+                                 quiet=True)
+    harvest.report(result, top=args.top)
+    return 0
 
 
 # ------------------------------------------------------------------------------------------ device
