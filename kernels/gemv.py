@@ -1,0 +1,445 @@
+"""Decode GEMV: y[m, n] = x[m, k] · W[n, k]ᵀ for m = 1..8, bf16/fp16 in and out, fp32 accumulation.
+
+One program owns ROWS_PER_BLOCK rows of W and one of SPLIT_K slices of k. Each loop step loads a
+ROWS_PER_BLOCK × BLOCK_K tile of W once (contiguous along k, so loads are wide and coalesced) and
+multiplies it by each of the m rows of x (small, served from L1/L2). Each x row has its own
+[ROWS_PER_BLOCK, BLOCK_K] fp32 accumulator (m is a compile-time constant, 1..8, so unused
+accumulators vanish); the k reduction happens once, after the loop. Rows beyond n are clamped for
+the loads (no row mask on the hot path) and masked on the store; a ragged k is masked only when
+the SPLIT_K slices of whole BLOCK_Ks do not tile k exactly (EVEN_K).
+
+SPLIT_K > 1 writes fp32 partials to a workspace [SPLIT_K, m, n] and a second kernel sums them in a
+fixed order: no atomics, so the output is bit-reproducible run to run.
+
+Parameters (config dict): ROWS_PER_BLOCK, BLOCK_K, SPLIT_K, num_warps, num_stages, and on hip
+waves_per_eu. The baseline is torch.nn.functional.linear (cuBLAS / hipBLASLt); the reference is
+fp32 (x.float() @ W.float().T).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import KernelFamily, format_shape_key
+
+MAX_M = 8
+KERNEL_PARAMS = ("ROWS_PER_BLOCK", "BLOCK_K", "SPLIT_K")
+LAUNCH_OPTIONS = ("num_warps", "num_stages")
+HIP_OPTIONS = ("waves_per_eu",)
+REDUCE_BLOCK_N = 1024
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# --------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _fma_row(acc, w, x_row_ptr, offs_2d, k_mask_2d, EVEN_K: tl.constexpr):
+    """acc[R, BK] += w[R, BK] * x[offs_k] (one row of x).
+
+    x is loaded through a [R, BK] pointer tensor that repeats the row (offs_2d is zero along the
+    rows): it then has the same register layout as the W tile, each thread reads just the x
+    elements it multiplies (L1 hits), and no shared-memory layout conversion sits in the loop."""
+    if EVEN_K:
+        x = tl.load(x_row_ptr + offs_2d)
+    else:
+        x = tl.load(x_row_ptr + offs_2d, mask=k_mask_2d, other=0.0)
+    return acc + w * x.to(tl.float32)
+
+
+@triton.jit
+def _store_row(acc, row_ptr, rows, n_mask):
+    """row_ptr[rows] = sum_k acc[rows, :] (cast to the pointer's element type)."""
+    tl.store(row_ptr + rows, tl.sum(acc, axis=1).to(row_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, N, K, k_per_split,
+                 stride_xm, stride_wn, stride_om,
+                 M: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, STATIC_KPS: tl.constexpr = 0):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * ROWS_PER_BLOCK + tl.arange(0, ROWS_PER_BLOCK)
+    n_mask = rows < N
+    rows_safe = tl.minimum(rows, N - 1)  # clamped: the W loads need no row mask
+    offs = tl.arange(0, BLOCK_K)
+    k_start = pid_k * k_per_split
+    w_rows = w_ptr + rows_safe.to(tl.int64)[:, None] * stride_wn
+    zero_rows = tl.zeros([ROWS_PER_BLOCK], dtype=tl.int32)
+
+    acc0 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    acc1 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    acc2 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    acc3 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    acc4 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    acc5 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    acc6 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    acc7 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    # STATIC_KPS is 0 on a GPU (runtime trip count, one compile for every k); the CPU interpreter
+    # passes k_per_split as a constant because it cannot loop to a runtime bound with numpy >= 2.4.
+    for k0 in range(0, k_per_split if STATIC_KPS == 0 else STATIC_KPS, BLOCK_K):
+        offs_k = k_start + k0 + offs
+        offs_2d = zero_rows[:, None] + offs_k[None, :]
+        k_mask_2d = offs_2d < K
+        if EVEN_K:
+            w = tl.load(w_rows + offs_k[None, :], eviction_policy="evict_first")
+        else:
+            w = tl.load(w_rows + offs_k[None, :], mask=k_mask_2d, other=0.0,
+                        eviction_policy="evict_first")
+        w = w.to(tl.float32)
+        acc0 = _fma_row(acc0, w, x_ptr, offs_2d, k_mask_2d, EVEN_K)
+        if M > 1:
+            acc1 = _fma_row(acc1, w, x_ptr + 1 * stride_xm, offs_2d, k_mask_2d, EVEN_K)
+        if M > 2:
+            acc2 = _fma_row(acc2, w, x_ptr + 2 * stride_xm, offs_2d, k_mask_2d, EVEN_K)
+        if M > 3:
+            acc3 = _fma_row(acc3, w, x_ptr + 3 * stride_xm, offs_2d, k_mask_2d, EVEN_K)
+        if M > 4:
+            acc4 = _fma_row(acc4, w, x_ptr + 4 * stride_xm, offs_2d, k_mask_2d, EVEN_K)
+        if M > 5:
+            acc5 = _fma_row(acc5, w, x_ptr + 5 * stride_xm, offs_2d, k_mask_2d, EVEN_K)
+        if M > 6:
+            acc6 = _fma_row(acc6, w, x_ptr + 6 * stride_xm, offs_2d, k_mask_2d, EVEN_K)
+        if M > 7:
+            acc7 = _fma_row(acc7, w, x_ptr + 7 * stride_xm, offs_2d, k_mask_2d, EVEN_K)
+
+    if SPLIT_K == 1:
+        base = out_ptr
+        stride = stride_om
+    else:
+        base = part_ptr + pid_k * M * N  # fp32 workspace [SPLIT_K, M, N]
+        stride = N
+    _store_row(acc0, base, rows, n_mask)
+    if M > 1:
+        _store_row(acc1, base + 1 * stride, rows, n_mask)
+    if M > 2:
+        _store_row(acc2, base + 2 * stride, rows, n_mask)
+    if M > 3:
+        _store_row(acc3, base + 3 * stride, rows, n_mask)
+    if M > 4:
+        _store_row(acc4, base + 4 * stride, rows, n_mask)
+    if M > 5:
+        _store_row(acc5, base + 5 * stride, rows, n_mask)
+    if M > 6:
+        _store_row(acc6, base + 6 * stride, rows, n_mask)
+    if M > 7:
+        _store_row(acc7, base + 7 * stride, rows, n_mask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(part_ptr, out_ptr, N, stride_om,
+                          M: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[m, n] = sum over s = 0..SPLIT_K-1 of part[s, m, n], always in that order."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < N
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptr + (s * M + pid_m) * N + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + pid_m * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------- host side
+def _is_hip() -> bool:
+    return bool(getattr(torch.version, "hip", None))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def k_per_split(k: int, block_k: int, split_k: int) -> int:
+    """Length of each split-k slice: a multiple of BLOCK_K."""
+    return _cdiv(_cdiv(k, split_k), block_k) * block_k
+
+
+def check_config(config: dict) -> None:
+    """Raise ValueError for missing or unknown keys (a config from the wrong space, a typo)."""
+    allowed = set(KERNEL_PARAMS) | set(LAUNCH_OPTIONS) | set(HIP_OPTIONS)
+    unknown = set(config) - allowed
+    if unknown:
+        raise ValueError(f"gemv config has unknown keys: {', '.join(sorted(unknown))}")
+    missing = [p for p in KERNEL_PARAMS if p not in config]
+    if missing:
+        raise ValueError(f"gemv config lacks: {', '.join(missing)}")
+    for p in ("ROWS_PER_BLOCK", "BLOCK_K"):
+        v = int(config[p])
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"gemv {p} must be a power of two, got {v}")
+    if int(config["SPLIT_K"]) < 1:
+        raise ValueError("gemv SPLIT_K must be >= 1")
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, config: dict, out: torch.Tensor | None = None,
+         hip: bool | None = None) -> torch.Tensor:
+    """y = x @ weight.T with the Triton kernel; x [m, k] (m <= 8), weight [n, k] contiguous in k."""
+    check_config(config)
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"gemv needs x[m, k] and weight[n, k], got {tuple(x.shape)} and "
+                         f"{tuple(weight.shape)}")
+    m, k = x.shape
+    n = weight.shape[0]
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"gemv handles m = 1..{MAX_M}, got m={m}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if weight.stride(1) != 1:
+        weight = weight.contiguous()
+    if out is None:
+        out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    elif out.shape != (m, n) or out.stride(1) != 1:
+        raise ValueError(f"gemv out must be [{m}, {n}] with unit stride, got {tuple(out.shape)}")
+    rows = int(config["ROWS_PER_BLOCK"])
+    block_k = int(config["BLOCK_K"])
+    split_k = int(config["SPLIT_K"])
+    kps = k_per_split(k, block_k, split_k)
+    even_k = kps * split_k == k  # every slice is whole BLOCK_Ks inside k: no k mask
+    options = {"num_warps": int(config.get("num_warps", 4)),
+               "num_stages": int(config.get("num_stages", 2))}
+    if hip is None:
+        hip = _is_hip()
+    if hip and "waves_per_eu" in config:
+        options["waves_per_eu"] = int(config["waves_per_eu"])
+    elif not hip and "waves_per_eu" in config and x.device.type == "cuda":
+        raise ValueError("waves_per_eu is an AMD-only option; this is a CUDA device")
+    part = out
+    if split_k > 1:
+        part = torch.empty((split_k, m, n), device=x.device, dtype=torch.float32)
+    grid = (_cdiv(n, rows), split_k)
+    _gemv_kernel[grid](x, weight, out, part, n, k, kps, x.stride(0), weight.stride(0),
+                       out.stride(0), M=m, ROWS_PER_BLOCK=rows, BLOCK_K=block_k,
+                       SPLIT_K=split_k, EVEN_K=even_k,
+                       STATIC_KPS=kps if _interpreting() else 0, **options)
+    if split_k > 1:
+        _splitk_reduce_kernel[(_cdiv(n, REDUCE_BLOCK_N), m)](
+            part, out, n, out.stride(0), M=m, SPLIT_K=split_k, BLOCK_N=REDUCE_BLOCK_N,
+            num_warps=4)
+    return out
+
+
+# ------------------------------------------------------------------------------ default config
+def _next_pow2(v: int) -> int:
+    return 1 << max(0, int(v) - 1).bit_length()
+
+
+def _sm_count() -> int:
+    try:
+        if torch.cuda.is_available():
+            return int(torch.cuda.get_device_properties(torch.cuda.current_device())
+                       .multi_processor_count)
+    except Exception:  # noqa: BLE001 - only a heuristic input
+        pass
+    return 132
+
+
+def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = None) -> dict:
+    """A sane config without tuning: enough programs to fill the machine, wide loads along k,
+    an fp32 accumulator budget of about 64 registers per thread."""
+    m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
+    sms = sm_count or _sm_count()
+    wave = 64 if backend in ("hip", "dcu") else 32
+    num_warps = 4
+    threads = wave * num_warps
+    target_programs = 4 * sms
+    rows = 1
+    for r in (8, 4, 2, 1):
+        if _cdiv(n, r) >= target_programs:
+            rows = r
+            break
+    # accumulator: m * rows * BLOCK_K fp32 values shared by `threads` threads, <= ~64 each
+    block_k = 512
+    while block_k > 64 and m * rows * block_k > 64 * threads:
+        block_k //= 2
+    block_k = min(block_k, max(64, _next_pow2(k)))
+    split_k = 1
+    programs = _cdiv(n, rows)
+    if programs < target_programs:
+        want = _cdiv(target_programs, programs)
+        max_split = max(1, k // (2 * block_k))  # keep at least two loop steps per slice
+        split_k = min(_next_pow2(want), _next_pow2(max_split) if max_split > 1 else 1, 16)
+        while split_k > 1 and split_k > max_split:
+            split_k //= 2
+    config = {"ROWS_PER_BLOCK": rows, "BLOCK_K": block_k, "SPLIT_K": split_k,
+              "num_warps": num_warps, "num_stages": 2}
+    if backend in ("hip", "dcu"):
+        config["num_stages"] = 2
+        config["waves_per_eu"] = 0
+    return config
+
+
+# ------------------------------------------------------------------------------------- family
+def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
+    """x[m, k] and weight[n, k] with values ~ N(0, 1) / sqrt-scaled W (never zeros)."""
+    m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
+    dtype = DTYPES[str(shape.get("dtype", "bfloat16"))]
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(seed))
+    x = torch.randn((m, k), generator=gen, device=device, dtype=torch.float32).to(dtype)
+    weight = (torch.randn((n, k), generator=gen, device=device, dtype=torch.float32)
+              / (k ** 0.5)).to(dtype)
+    return {"x": x, "weight": weight}
+
+
+def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    return gemv(inputs["x"], inputs["weight"], config, out=out)
+
+
+def baseline(inputs: dict) -> torch.Tensor:
+    return torch.nn.functional.linear(inputs["x"], inputs["weight"])
+
+
+def reference(inputs: dict) -> torch.Tensor:
+    return inputs["x"].float() @ inputs["weight"].float().T
+
+
+def _elem_bytes(shape: dict) -> int:
+    return torch.empty((), dtype=DTYPES[str(shape.get("dtype", "bfloat16"))]).element_size()
+
+
+def bytes_moved(shape: dict) -> int:
+    m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
+    return _elem_bytes(shape) * (n * k + m * k + m * n)
+
+
+def flops(shape: dict) -> int:
+    return 2 * int(shape["m"]) * int(shape["n"]) * int(shape["k"])
+
+
+def shape_from_row(row) -> dict | None:
+    """GEMM rows of a ShapeTable with m <= 8 and batch == 1 (decode linears)."""
+    get = row.get if hasattr(row, "get") else (lambda key, default=None: getattr(row, key, default))
+    if str(get("family", "")) != "gemm":
+        return None
+    try:
+        m, n, k = int(get("m")), int(get("n")), int(get("k"))
+        batch = int(get("batch", 1) if get("batch", 1) is not None else 1)
+    except (TypeError, ValueError):
+        return None
+    dtype = str(get("dtype", "bfloat16"))
+    if not 1 <= m <= MAX_M or batch != 1 or dtype not in DTYPES or n < 1 or k < 1:
+        return None
+    return {"m": m, "n": n, "k": k, "dtype": dtype}
+
+
+def shape_key(shape: dict) -> str:
+    return format_shape_key(shape, ("m", "n", "k", "dtype"))
+
+
+# ------------------------------------------------------------------------ serving entry point
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Drop-in for torch.nn.functional.linear on decode batches: x[..., k] with at most 8 rows
+    runs the tuned GEMV (config from tuner.runtime, else the default); anything else falls back
+    to torch."""
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    if (not 1 <= rows <= MAX_M or weight.dim() != 2 or weight.dtype != x.dtype
+            or x.dtype not in DTYPES.values() or x.device.type == "cpu" and not _interpreting()):
+        return torch.nn.functional.linear(x, weight, bias)
+    shape = {"m": rows, "n": int(weight.shape[0]), "k": int(k),
+             "dtype": str(x.dtype).removeprefix("torch.")}
+    config = _config_for(shape)
+    out = gemv(x.reshape(rows, k), weight, config)
+    if bias is not None:
+        out += bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _backend_name() -> str:
+    return "hip" if _is_hip() else "cuda"
+
+
+def _config_for(shape: dict) -> dict:
+    try:
+        from tuner.runtime import config_for
+    except ImportError:
+        return default_config(shape, _backend_name())
+    return config_for("gemv", shape)
+
+
+FAMILY = KernelFamily(
+    name="gemv",
+    make_inputs=make_inputs,
+    launch=launch,
+    default_config=default_config,
+    baseline=baseline,
+    reference=reference,
+    bytes_moved=bytes_moved,
+    flops=flops,
+    shape_from_row=shape_from_row,
+    shape_key=shape_key,
+    source_files=(Path(__file__).resolve(),),
+)
+
+
+# ------------------------------------------------------------------- offline compile (no GPU)
+def compile_config(config: dict, shape: dict, target) -> dict:
+    """Compile the main kernel for a real target without a GPU and report its resources.
+
+    `target` is a triton GPUTarget, e.g. GPUTarget("hip", "gfx942", 64) or GPUTarget("cuda", 90,
+    32). The int arguments carry the divisibility-by-16 hints a GPU launch would give them.
+    Returns {"regs", "spills", "shared", "asm"} (regs: VGPRs on hip, registers on cuda; shared:
+    LDS / shared-memory bytes; asm: the AMDGCN or PTX text)."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.compiler import ASTSource
+
+    check_config(config)
+    m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
+    elem = {"bfloat16": "*bf16", "float16": "*fp16"}[str(shape.get("dtype", "bfloat16"))]
+    split_k = int(config["SPLIT_K"])
+    kps = k_per_split(k, int(config["BLOCK_K"]), split_k)
+    ints = {"N": n, "K": k, "k_per_split": kps, "stride_xm": k, "stride_wn": k, "stride_om": n}
+    signature = {"x_ptr": elem, "w_ptr": elem, "out_ptr": elem,
+                 "part_ptr": "*fp32" if split_k > 1 else elem}
+    signature.update({name: "i32" for name in ints})
+    constexprs = {"M": m, "ROWS_PER_BLOCK": int(config["ROWS_PER_BLOCK"]),
+                  "BLOCK_K": int(config["BLOCK_K"]), "SPLIT_K": split_k,
+                  "EVEN_K": kps * split_k == k, "STATIC_KPS": 0}
+    for name in constexprs:
+        signature[name] = "constexpr"
+    names = _gemv_kernel.arg_names
+    attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("x_ptr", "w_ptr", "out_ptr",
+                                                                    "part_ptr")}
+    attrs.update({(names.index(p),): [["tt.divisibility", 16]] for p, v in ints.items()
+                  if v % 16 == 0})
+    options = {"num_warps": int(config.get("num_warps", 4)),
+               "num_stages": int(config.get("num_stages", 2))}
+    if target.backend == "hip" and "waves_per_eu" in config:
+        options["waves_per_eu"] = int(config["waves_per_eu"])
+    src = ASTSource(fn=_gemv_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(src, target=target, options=options)
+    shared = int(compiled.metadata.shared)
+    if target.backend == "hip":
+        text = compiled.asm["amdgcn"]
+
+        def field(name):
+            found = re.search(rf"\.{name}:\s+(\d+)", text)
+            return int(found.group(1)) if found else 0
+
+        regs = field("vgpr_count")
+        spills = field("vgpr_spill_count") + field("sgpr_spill_count")
+        shared = max(shared, field("group_segment_fixed_size"))
+        return {"regs": regs, "spills": spills, "shared": shared, "asm": text}
+    text = compiled.asm["ptx"]
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+        fh.write(compiled.asm["cubin"])
+        fh.flush()
+        usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", fh.name],
+                               capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"REG:(\d+)", usage)
+    stack = re.search(r"STACK:(\d+)", usage)
+    return {"regs": int(regs.group(1)) if regs else -1,
+            "spills": int(stack.group(1)) if stack else 0, "shared": shared, "asm": text}
