@@ -1,0 +1,333 @@
+"""Budget screening: worked examples checked by hand, pruning decisions, and bad input.
+
+Units: every time is in µs unless the name says ms; shares are fractions (0.005 = 0.5%).
+The H200 spec profile used below has read bandwidth 4.8e12 B/s and bf16 matmul 989e12 flop/s.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from tuner import budget, shapetable
+from tuner.budget import Threshold
+from tuner.cli import main
+from tuner.device import load_profile
+from tuner.errors import TunerError
+
+H200 = load_profile("h200")
+
+
+def gemm_row(**overrides) -> dict:
+    """A decode linear of Qwen2.5-0.5B at batch 4 (o_proj: n = k = 896), 24 calls per step."""
+    row = dict(op="aten::mm", family="gemm", phase="decode", m=4, n=896, k=896, batch=1,
+               dtype="bfloat16", layout="NT", calls=144, steps=6, calls_per_step=24.0,
+               us_per_call=5.0, step_us=30_000.0, step_gpu_us=4_000.0, share=0.004,
+               kernels="gemv_kernel", source="hand-built", device="NVIDIA H200")
+    row.update(overrides)
+    return row
+
+
+def table(*rows: dict) -> pd.DataFrame:
+    return shapetable.normalize(pd.DataFrame(list(rows)))
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(code: int, err: str, match: str) -> None:
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tuner: error:"), err
+    assert match in lines[0], lines[0]
+
+
+# ------------------------------------------------------------------------------ bytes, flops, floor
+def test_gemm_bytes_flops_and_floor_by_hand():
+    row = table(gemm_row()).iloc[0]
+    nbytes, nflops, why = budget.bytes_and_flops(row)
+    # A[4,896] + B[896,896] + out[4,896] = 3584 + 802816 + 3584 = 809984 elements x 2 bytes
+    assert why == "" and nbytes == 1_619_968
+    assert nflops == 2 * 4 * 896 * 896 == 6_422_528
+    # memory: 1619968 B / 4.8e12 B/s = 0.33749 µs; compute: 6422528 / 989e12 = 0.0065 µs
+    assert budget.floor_us(nbytes, nflops, "bfloat16", H200) == pytest.approx(0.33749, rel=1e-4)
+
+
+def test_addmm_reads_the_bias_and_bmm_counts_the_batch():
+    bias = table(gemm_row(op="aten::addmm", n=1152)).iloc[0]
+    # 4*896 + 896*1152 + 4*1152 + 1152 (bias) = 3584 + 1032192 + 4608 + 1152 = 1041536 elements
+    assert budget.bytes_and_flops(bias)[0] == 2 * 1_041_536
+    bmm = table(gemm_row(op="aten::bmm", m=16, n=32, k=64, batch=8, dtype="float32")).iloc[0]
+    # 8 x (16*64 + 64*32 + 16*32) = 8 x 3584 = 28672 elements x 4 bytes; flops 2*16*32*64*8
+    assert budget.bytes_and_flops(bmm)[:2] == (28_672 * 4, 2 * 16 * 32 * 64 * 8)
+
+
+def test_prefill_gemm_is_compute_bound():
+    row = table(gemm_row(phase="prefill", m=512, n=4864, k=896)).iloc[0]
+    nbytes, nflops, _ = budget.bytes_and_flops(row)
+    # memory: (512*896 + 896*4864 + 512*4864) * 2 = 14614528 B / 4.8e12 = 3.0447 µs
+    # compute: 2*512*4864*896 = 4462739456 flop / 989e12 = 4.5124 µs  -> the floor
+    assert nbytes / 4.8e12 * 1e6 == pytest.approx(3.0447, rel=1e-4)
+    assert budget.floor_us(nbytes, nflops, "bfloat16", H200) == pytest.approx(4.5124, rel=1e-4)
+    # fp8 matmuls may beat the bf16 rate, so only the (lower) bandwidth floor applies to them
+    assert budget.floor_us(nbytes, nflops, "float8_e4m3fn", H200) == pytest.approx(3.0447, rel=1e-4)
+
+
+def test_attention_bytes_and_flops_by_hand():
+    row = table(gemm_row(op="aten::scaled_dot_product_attention", family="attention", batch=4,
+                         heads=14, kv_heads=2, q_len=1, kv_len=133, head_dim=64)).iloc[0]
+    nbytes, nflops, why = budget.bytes_and_flops(row)
+    # q + out: 2 * 4*14*1*64 = 7168; k + v cache: 2 * 4*2*133*64 = 136192 -> 143360 elements x 2 B
+    assert why == "" and nbytes == 286_720
+    assert nflops == 4 * 4 * 14 * 1 * 133 * 64 == 1_906_688
+
+
+def test_rows_without_a_model_keep_the_whole_baseline_as_headroom():
+    rows = table(gemm_row(family="attention", op="aten::_flash_attention_forward"),
+                 gemm_row(dtype="complex32"))
+    result = budget.compute(rows, H200, threshold=Threshold(us_per_token=100.0))
+    assert result["floor_us"].isna().all()
+    # no floor: the headroom can be at most the baseline, 5 µs x 24 calls = 120 µs per token
+    assert (result["headroom_us_per_token"] == 120.0).all()
+    # 0.5 x 120 = 60 < 100 µs: pruned, and the reason says the floor was unknown
+    assert (result["verdict"] == "prune").all()
+    assert result["reason"].str.contains("floor unknown").all()
+
+
+# ------------------------------------------------------------------------------ headroom and verdict
+def test_headroom_per_token_share_and_default_verdict_by_hand():
+    result = budget.compute(table(gemm_row()), H200, threshold=budget.DEFAULT_THRESHOLD)
+    row = result.iloc[0]
+    # per call: 5 - 0.33749 = 4.66251 µs; per token: x 24 calls x hit rate 1 = 111.90 µs
+    assert row["headroom_us_per_call"] == pytest.approx(4.66251, rel=1e-4)
+    assert row["headroom_us_per_token"] == pytest.approx(111.900, rel=1e-4)
+    # share of a 30 ms = 30000 µs step: 111.9 / 30000 = 0.373%
+    assert row["headroom_share"] == pytest.approx(0.0037300, rel=1e-3)
+    # default: 0.5 x 0.373% = 0.187% < 0.5% -> prune
+    assert row["verdict"] == "prune" and "< 0.5%" in row["reason"]
+    # GPU busy 4 ms of 30 ms = 13.3%: launch-bound
+    assert row["gpu_busy_share"] == pytest.approx(4000 / 30000) and row["launch_bound"]
+
+
+def test_threshold_in_us_and_hit_rate_move_the_decision():
+    rows = table(gemm_row())
+    # 0.5 x 111.9 = 55.95 µs/token: >= 50 µs keeps, >= 60 µs does not
+    assert budget.compute(rows, H200, threshold=Threshold(us_per_token=50.0)).at[0, "verdict"] == "keep"
+    assert budget.compute(rows, H200, threshold=Threshold(us_per_token=60.0)).at[0, "verdict"] == "prune"
+    # hit rate 0.5 halves it: 0.5 x 55.95 = 27.97 µs/token < 50 -> prune
+    half = budget.compute(rows, H200, threshold=Threshold(us_per_token=50.0), hit_rate=0.5)
+    assert half.at[0, "headroom_us_per_token"] == pytest.approx(55.950, rel=1e-4)
+    assert half.at[0, "verdict"] == "prune"
+    # safety 1.0 (trust the full headroom): 111.9 >= 100 -> keep
+    full = budget.compute(rows, H200, threshold=Threshold(us_per_token=100.0, safety=1.0))
+    assert full.at[0, "verdict"] == "keep"
+
+
+def test_graph_captured_budgets_against_gpu_busy_time():
+    result = budget.compute(table(gemm_row()), H200, threshold=budget.DEFAULT_THRESHOLD,
+                            graph_captured=True)
+    # 111.9 µs / 4000 µs GPU busy = 2.80%; 0.5 x 2.80% = 1.40% >= 0.5% -> keep
+    assert result.at[0, "headroom_share"] == pytest.approx(0.027975, rel=1e-3)
+    assert result.at[0, "verdict"] == "keep" and "GPU-busy step" in result.at[0, "reason"]
+
+
+def test_baseline_at_or_below_the_floor_is_pruned_with_its_reason():
+    # lm_head: 4x896 @ 896x151936 bf16 = (3584 + 136134656 + 607744) * 2 B = 273.49 MB
+    # floor 273491968 / 4.8e12 = 56.98 µs; a baseline of 50 µs is under it (L2-hot or a low profile)
+    result = budget.compute(table(gemm_row(n=151936, calls_per_step=1.0, us_per_call=50.0)), H200,
+                            threshold=Threshold(us_per_token=1.0))
+    assert result.at[0, "floor_us"] == pytest.approx(56.977, rel=1e-4)
+    assert result.at[0, "headroom_us_per_call"] == 0.0
+    assert result.at[0, "verdict"] == "prune" and "already at the floor" in result.at[0, "reason"]
+
+
+def test_cpu_only_rows_are_kept_and_say_why():
+    result = budget.compute(table(gemm_row(us_per_call=math.nan)), H200,
+                            threshold=budget.DEFAULT_THRESHOLD)
+    assert math.isnan(result.at[0, "baseline_us"])
+    assert result.at[0, "verdict"] == "keep"
+    assert "no GPU time" in result.at[0, "reason"] and "--measure" in result.at[0, "reason"]
+
+
+def test_ranking_and_surviving_rows():
+    rows = table(gemm_row(n=896, us_per_call=5.0),                    # 111.9 µs/token
+                 gemm_row(n=4864, us_per_call=12.0),                  # floor 1.83 -> 244 µs/token
+                 gemm_row(phase="prefill", m=512, n=4864, us_per_call=40.0, step_us=29_000.0,
+                          step_gpu_us=20_000.0))
+    result = budget.compute(rows, H200, threshold=Threshold(us_per_token=100.0))
+    # decode first, largest headroom per token first; then prefill
+    assert list(result["phase"]) == ["decode", "decode", "prefill"]
+    assert list(result["n"]) == [4864, 896, 4864]
+    # (12 - 1.8277) x 24 = 244.1; x 0.5 = 122 >= 100 keep. 111.9 x 0.5 = 56 < 100 prune.
+    # prefill: (40 - 4.5124) x 24 = 851.7, x 0.5 = 425.9 >= 100 keep
+    assert list(result["verdict"]) == ["keep", "prune", "keep"]
+    kept = budget.surviving(result)
+    assert list(kept["n"]) == [4864, 4864] and set(kept["verdict"]) == {"keep"}
+
+
+def test_budget_parquet_roundtrip(tmp_path):
+    result = budget.compute(table(gemm_row()), H200, threshold=budget.DEFAULT_THRESHOLD)
+    back = budget.read(budget.write(result, tmp_path / "b.parquet"))
+    assert list(back.columns) == list(result.columns)
+    assert back.at[0, "verdict"] == "prune"
+    with pytest.raises(TunerError, match="not a budget table"):
+        budget.surviving(table(gemm_row()))
+
+
+# --------------------------------------------------------------------------------- Amdahl, estimate
+def test_amdahl_and_design_worked_examples():
+    # DESIGN.md: "a 1.3x kernel that saves 3 µs per call, 48 times a token, moves a 44 ms token by
+    # 0.34%": 3 µs x 48 = 144 µs / 44000 µs = 0.327%; with 3.1 µs: 148.8 / 44000 = 0.338%.
+    assert budget.saving_per_token(3.1, 48) / 44_000 == pytest.approx(0.003382, rel=1e-3)
+    # "a 1.08x GEMV that runs 129 times a token moves it by 3-4%": the step-time cut is
+    # f x (1 - 1/1.08) = 0.0741 f, so 3-4% needs the GEMV to take f = 0.405 ... 0.54 of the step.
+    # With f = 0.47: 1 / (0.53 + 0.47/1.08) = 1.0361x, i.e. the step is 3.48% shorter.
+    whole = budget.amdahl(0.47, 1.08)
+    assert whole == pytest.approx(1.03607, rel=1e-4)
+    assert 0.03 < 1 - 1 / whole < 0.04
+    assert 1 - 1 / budget.amdahl(0.40, 1.08) < 0.03 < 1 - 1 / budget.amdahl(0.41, 1.08)
+    # 0.47 x 44000 µs / 129 calls = 160.3 µs per call; 1.08x saves 160.3 x (1 - 1/1.08) = 11.87 µs
+    assert budget.saving_per_call_needed(0.47, 44_000, 129) == pytest.approx(160.31, rel=1e-4)
+    assert budget.amdahl(0.0, 5.0) == 1.0 and budget.amdahl(1.0, 2.0) == 2.0
+    with pytest.raises(TunerError):
+        budget.amdahl(1.2, 1.08)
+    with pytest.raises(TunerError):
+        budget.amdahl(0.5, 0.0)
+
+
+def test_estimate_saving_target_and_amdahl(capsys):
+    code, out, _ = run_cli(capsys, "estimate", "--saving-us", "3.1", "--calls-per-step", "48",
+                           "--step-ms", "44")
+    # 3.1 µs x 48 = 148.8 µs per token; 148.8 / 44000 µs = 0.338%
+    assert code == 0 and "148.8 us" in out and "0.338%" in out and "44 ms" in out
+    code, out, _ = run_cli(capsys, "estimate", "--target", "1%", "--calls-per-step", "48",
+                           "--step-ms", "44")
+    # 1% of 44000 µs = 440 µs per token; / 48 calls = 9.17 µs per call
+    assert code == 0 and "440 us per token" in out and "9.17 us per call" in out
+    code, out, _ = run_cli(capsys, "estimate", "--speedup", "1.08", "--share", "0.88")
+    # 1 / (0.12 + 0.88/1.08) = 1 / 0.934815 = 1.0697x; 1 - 0.934815 = 6.52% shorter
+    assert code == 0 and "1.07x faster" in out and "6.52% shorter" in out
+    code, out, _ = run_cli(capsys, "estimate", "--saving-us", "3.1", "--calls-per-step", "48",
+                           "--step-us", "44000", "--hit-rate", "0.5")
+    # 3.1 x 48 x 0.5 = 74.4 µs; / 44000 = 0.169%
+    assert code == 0 and "74.4 us" in out and "0.169%" in out
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--saving-us", "-3", "--calls-per-step", "48", "--step-ms", "44"], "--saving-us must be"),
+    (["--saving-us", "3", "--calls-per-step", "0", "--step-ms", "44"], "--calls-per-step must be"),
+    (["--saving-us", "3", "--calls-per-step", "48", "--step-ms", "abc"], "--step-ms must be a number"),
+    (["--saving-us", "3", "--calls-per-step", "48"], "--step-ms"),
+    (["--saving-us", "3", "--speedup", "1.1", "--share", "0.5"], "exactly one of"),
+    ([], "exactly one of"),
+    (["--speedup", "1.08"], "needs both"),
+    (["--speedup", "1.08", "--share", "1.5"], "--share must be a share"),
+    (["--speedup", "-2", "--share", "0.5"], "--speedup must be"),
+    (["--target", "150%", "--calls-per-step", "48", "--step-ms", "44"], "--target must be"),
+])
+def test_estimate_bad_input_is_one_line_exit_2(capsys, argv, match):
+    code, _, err = run_cli(capsys, "estimate", *argv)
+    assert_one_line_error(code, err, match)
+
+
+# --------------------------------------------------------------------------------- parsing units
+def test_parse_units():
+    assert budget.parse_bandwidth("4.8TB/s") == pytest.approx(4.8e12)
+    assert budget.parse_bandwidth("4800 GB/s") == pytest.approx(4.8e12)
+    assert budget.parse_bandwidth("1TiB/s") == 2.0**40
+    assert budget.parse_matmul_rate("989TFLOPs") == pytest.approx(989e12)
+    assert budget.parse_matmul_rate("989 TFLOP/s") == pytest.approx(989e12)
+    assert budget.parse_matmul_rate("1.3PFLOPS") == pytest.approx(1.3e15)
+    assert budget.parse_threshold("0.5%") == Threshold(share=0.005)
+    assert budget.parse_threshold("40us") == Threshold(us_per_token=40.0)
+    assert budget.parse_threshold("40µs") == Threshold(us_per_token=40.0)
+    assert budget.parse_threshold("0.04ms").us_per_token == pytest.approx(40.0)
+    for bad in ("abc", "40", "-1%", "0us", "5 parsecs", "nan%"):
+        with pytest.raises(TunerError):
+            budget.parse_threshold(bad)
+    for bad in ("-4.8TB/s", "4.8", "fast", "0GB/s"):
+        with pytest.raises(TunerError):
+            budget.parse_bandwidth(bad)
+    with pytest.raises(TunerError):
+        budget.parse_matmul_rate("989 TB/s")
+
+
+# --------------------------------------------------------------------------------- tuner budget CLI
+def test_budget_cli_prints_ranked_table_and_writes_parquet(tmp_path, capsys):
+    shapes = shapetable.write(table(gemm_row(n=896), gemm_row(n=4864, us_per_call=12.0)),
+                              tmp_path / "s.parquet")
+    out_path = tmp_path / "b.parquet"
+    code, out, _ = run_cli(capsys, "budget", str(shapes), "--device", "h200", "--min-saving", "100us",
+                           "-o", str(out_path))
+    assert code == 0
+    assert "published datasheet peaks, not measured" in out
+    assert "launch-bound" in out and "graph-captured" in out
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("decode "))
+    assert "n=4864" in lines[first] and "keep" in lines[first]
+    assert "n=896 " in lines[first + 1] and "prune" in lines[first + 1]
+    assert "kept 1 of 2 shapes" in out
+    written = budget.read(out_path)
+    assert list(written["verdict"]) == ["keep", "prune"] and (written["profile_source"] == "spec").all()
+
+
+def test_budget_cli_rate_overrides_replace_the_profile(tmp_path, capsys):
+    shapes = shapetable.write(table(gemm_row()), tmp_path / "s.parquet")
+    code, out, _ = run_cli(capsys, "budget", str(shapes), "--bandwidth", "1.6TB/s",
+                           "--matmul-rate", "500TFLOPs", "-o", str(tmp_path / "b.parquet"))
+    assert code == 0 and "rates given on the command line" in out
+    # 1619968 B / 1.6e12 B/s = 1.01248 µs
+    assert budget.read(tmp_path / "b.parquet").at[0, "floor_us"] == pytest.approx(1.01248, rel=1e-4)
+
+
+def test_budget_cli_cpu_only_rows_warn(tmp_path, capsys):
+    shapes = shapetable.write(table(gemm_row(us_per_call=math.nan)), tmp_path / "s.parquet")
+    code, out, err = run_cli(capsys, "budget", str(shapes), "--device", "h200",
+                             "-o", str(tmp_path / "b.parquet"))
+    assert code == 0 and "no GPU time" in out and "cannot be budgeted" in err
+
+
+def test_budget_cli_measure_without_gpu_is_one_line(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    shapes = shapetable.write(table(gemm_row()), tmp_path / "s.parquet")
+    code, _, err = run_cli(capsys, "budget", str(shapes), "--device", "h200", "--measure",
+                           "-o", str(tmp_path / "b.parquet"))
+    assert_one_line_error(code, err, "needs a CUDA or ROCm GPU")
+
+
+@pytest.mark.parametrize("extra, match", [
+    ([], "no device profile"),
+    (["--device", "tpu9"], "unknown device profile"),
+    (["--bandwidth", "4.8TB/s"], "both --bandwidth and --matmul-rate"),
+    (["--device", "h200", "--bandwidth=-4.8TB/s"], "--bandwidth must be positive"),
+    (["--device", "h200", "--matmul-rate", "lots"], "cannot read --matmul-rate"),
+    (["--device", "h200", "--min-saving", "abc"], "cannot read --min-saving"),
+    (["--device", "h200", "--min-saving", "40"], "cannot read --min-saving"),
+    (["--device", "h200", "--hit-rate", "1.5"], "hit rate must be in (0, 1]"),
+    (["--device", "h200", "--hit-rate", "0"], "--hit-rate must be a positive"),
+    (["--device", "h200", "--safety", "2"], "safety factor must be in (0, 1]"),
+    (["--device", "h200", "--phase", "prefill"], "no prefill rows; phases present: decode"),
+])
+def test_budget_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, extra, match):
+    monkeypatch.chdir(tmp_path)  # no saved profiles under artifacts/devices here
+    shapes = shapetable.write(table(gemm_row()), tmp_path / "s.parquet")
+    code, _, err = run_cli(capsys, "budget", str(shapes), *extra)
+    assert_one_line_error(code, err, match)
+
+
+def test_budget_cli_empty_table_and_bad_rows(tmp_path, capsys):
+    empty = shapetable.write(shapetable.empty(), tmp_path / "empty.parquet")
+    code, _, err = run_cli(capsys, "budget", str(empty), "--device", "h200")
+    assert_one_line_error(code, err, "nothing to budget")
+    negative = shapetable.write(table(gemm_row(us_per_call=-5.0)), tmp_path / "neg.parquet")
+    code, _, err = run_cli(capsys, "budget", str(negative), "--device", "h200")
+    assert_one_line_error(code, err, "negative us_per_call")
+    code, _, err = run_cli(capsys, "budget", str(tmp_path / "missing.parquet"), "--device", "h200")
+    assert_one_line_error(code, err, "not found")
