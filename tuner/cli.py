@@ -315,32 +315,131 @@ def cmd_search(args) -> int:
 
 # -------------------------------------------------------------------------------------------- rank
 def _add_rank(sub) -> None:
-    p = sub.add_parser("rank", help="re-measure the best configs; rank by projected us/token")
+    p = sub.add_parser(
+        "rank", help="re-measure the best configs; rank by projected us/token",
+        description="For every study (tuner search) re-measure its best few distinct configs "
+        "against the baseline (the path serving uses today) and the family's default config, "
+        "paired and interleaved. Gates: output parity, the lower confidence bound of the speedup "
+        ">= --min-speedup, and projected saving per token >= --min-saving. Survivors are ranked "
+        "by projected us saved per token; rejected candidates keep their reason. Writes the "
+        "verdict table (parquet + markdown). Needs a GPU. See docs/rank_export.md.")
+    p.add_argument("--storage", metavar="URL",
+                   help="Optuna storage with the studies (sqlite:///... or postgresql://...; a "
+                   "plain path is a SQLite file; default: tuner search's default)")
+    p.add_argument("--family", help="rank only this kernel family's studies (gemv, gemm, ...)")
+    p.add_argument("--device", metavar="KEY",
+                   help="rank only studies of this device key (default: this machine's GPU)")
+    p.add_argument("--top", type=int, default=3,
+                   help="distinct configs per study to re-measure (default 3)")
+    p.add_argument("--parity", choices=("exact", "tolerance"), default="exact",
+                   help="exact: same output bytes as the default config (default); tolerance: "
+                   "relative error within the dtype's bound")
+    p.add_argument("--min-speedup", type=float, default=1.01,
+                   help="the lower confidence bound of the paired speedup must reach this "
+                   "(default 1.01)")
+    p.add_argument("--min-saving", metavar="THRESHOLD",
+                   help="least projected saving per token: a share of the step (0.5%%) or a "
+                   "time (40us); default: budget's default (0.5%%)")
+    p.add_argument("-o", "--output", metavar="DIR", default="artifacts/verdicts",
+                   help="where to write <name>.parquet and <name>.md (default artifacts/verdicts)")
+    p.add_argument("--name", help="file name stem (default <device>-<family or all>)")
     p.set_defaults(func=cmd_rank)
 
 
 def cmd_rank(args) -> int:
-    raise TunerError("rank is not implemented yet")
+    from . import rank
+    from .runtime import current_identity
+
+    if args.top < 1:
+        raise TunerError(f"--top must be at least 1, got {args.top}")
+    device = args.device
+    if device is None:
+        rank._require_gpu()
+        device = (current_identity() or {}).get("key")
+    table = rank.rank(args.storage, family=args.family, device=device, top=args.top,
+                      parity_mode=args.parity, min_speedup=args.min_speedup,
+                      threshold=args.min_saving)
+    name = args.name or f"{device or 'all'}-{args.family or 'all'}"
+    parquet, md = rank.write(table, args.output, name)
+    for line in rank.summary_lines(table):
+        print(line)
+    print(f"verdicts: {parquet} and {md}")
+    return 0
 
 
 # ------------------------------------------------------------------------------------------ export
 def _add_export(sub) -> None:
-    p = sub.add_parser("export", help="write accepted configs for serving builds")
+    p = sub.add_parser(
+        "export", help="write accepted configs for serving builds",
+        description="Write the accepted configs of verdict tables (tuner rank) per family under "
+        "<dir>/<device>/<family>.json with a manifest.json: configs keyed by shape, device, arch, "
+        "backend, torch/triton versions, kernel source hash, numerics-changing compile options, "
+        "parity mode and the measured numbers. Written atomically. tuner.runtime.config_for "
+        "reads them. See docs/rank_export.md.")
+    p.add_argument("verdicts", nargs="*",
+                   help="verdict parquet files (default: every *.parquet under artifacts/verdicts)")
+    p.add_argument("--family", help="export only this family")
+    p.add_argument("--format", choices=("native", "vllm"), default="native",
+                   help="vllm: also write vLLM-style N=..,K=..,device_name=..,dtype=...json files "
+                   "keyed by M (gemv, gemm)")
+    p.add_argument("-o", "--output", metavar="DIR", default="artifacts/export",
+                   help="export root (default artifacts/export)")
+    p.add_argument("--no-kernel-check", action="store_true",
+                   help="export even if the kernel source changed since ranking (the loader will "
+                   "then refuse the file unless the hashes match)")
     p.set_defaults(func=cmd_export)
 
 
 def cmd_export(args) -> int:
-    raise TunerError("export is not implemented yet")
+    from . import export
+
+    formats = ("native", "vllm") if args.format == "vllm" else ("native",)
+    export.run_cli(args.verdicts, family=args.family, formats=formats, out_root=args.output,
+                   check_kernel_hash=not args.no_kernel_check)
+    return 0
 
 
 # --------------------------------------------------------------------------------------------- run
 def _add_run(sub) -> None:
-    p = sub.add_parser("run", help="harvest, budget, search, rank and export in one command")
+    p = sub.add_parser(
+        "run", help="harvest, budget, search, rank and export in one command",
+        description="The main job: harvest TRACE, budget its shapes, search the survivors under "
+        "--timeout, rank the results and export the winners, then summarise. Without a GPU it "
+        "harvests, budgets and prints the search plan (exit 0). See docs/rank_export.md.")
+    p.add_argument("trace", help="a torch profiler trace (.json / .json.gz)")
+    p.add_argument("--family", default="gemv", help="kernel family to tune (default gemv)")
+    p.add_argument("--timeout", default="30m",
+                   help="search time budget, e.g. 30m, 4m, 1h30m (default 30m)")
+    p.add_argument("--storage", metavar="URL", help="Optuna storage (default: tuner search's)")
+    p.add_argument("--device", metavar="PROFILE",
+                   help="device profile for the budget (default: a measured profile under "
+                   "artifacts/devices for the trace's device, else its spec profile)")
+    p.add_argument("--min-saving", metavar="THRESHOLD",
+                   help="budget and rank threshold: 0.5%% of the step or 40us per token "
+                   "(default 0.5%%)")
+    p.add_argument("--graph-captured", action="store_true",
+                   help="budget against the GPU-busy step (the step under CUDA/HIP graphs) "
+                   "instead of its wall time")
+    p.add_argument("--parity", choices=("exact", "tolerance"), default="exact",
+                   help="rank's parity gate (default exact)")
+    p.add_argument("--min-speedup", type=float, default=1.01,
+                   help="rank's speedup gate on the lower confidence bound (default 1.01)")
+    p.add_argument("--top", type=int, default=3, help="configs per shape to re-measure (default 3)")
+    p.add_argument("-o", "--output", metavar="DIR",
+                   help="where shapes, budget, plan and verdicts go (default artifacts/run/<trace>)")
+    p.add_argument("--export-dir", metavar="DIR", default="artifacts/export",
+                   help="export root (default artifacts/export, where the loader looks)")
     p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args) -> int:
-    raise TunerError("run is not implemented yet")
+    from . import report
+
+    report.run(args.trace, family=args.family, timeout=args.timeout, storage=args.storage,
+               device=args.device, min_saving=args.min_saving, out_dir=args.output,
+               export_root=args.export_dir, top=args.top, parity=args.parity,
+               min_speedup=args.min_speedup, graph_captured=args.graph_captured)
+    return 0
 
 
 # ------------------------------------------------------------------------------------------- main

@@ -1,0 +1,249 @@
+"""`tuner export`: accepted configs as files a serving build loads (tuner.runtime reads them).
+
+Layout (DESIGN.md "Export")::
+
+    artifacts/export/<device key>/<family>.json     configs keyed by shape key
+    artifacts/export/<device key>/manifest.json     what is there, with hashes; written last
+    artifacts/export/<device key>/vllm/<family>/N=..,K=..,device_name=..,dtype=...json
+                                                    (--format vllm: {"M": config}, like vLLM's
+                                                     fused_moe / w8a8 tuned-config files)
+
+A family file carries the device name and arch, backend, torch and triton versions, the kernel
+source hash, the compile options that change numerics (Triton's FP fusion), the parity mode and the
+measured numbers behind each entry. Every file is written to a temporary file in the same folder and
+moved into place with os.replace; the manifest is written last, so a reader never sees a manifest
+that names a half-written file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from . import rank as rank_mod
+from .errors import TunerError, info, warn
+from .runtime import EXPORT_FORMAT, EXPORT_ROOT
+
+VLLM_FAMILIES = ("gemv", "gemm")
+MEASURED_FIELDS = ("baseline_us", "candidate_us", "default_us", "speedup", "speedup_low",
+                   "speedup_high", "speedup_vs_default", "noise_pct", "saving_us_per_call",
+                   "calls_per_step", "hit_rate", "saving_us_per_token", "share_of_step",
+                   "step_us", "parity_mode", "parity_error", "search_us", "measured_at", "study")
+
+
+# ----------------------------------------------------------------------------------- atomic I/O
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Write `text` to `path` via a temp file in the same folder and os.replace. On any error
+    the temp file is removed and an existing `path` is left as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_json(path: Path, data) -> Path:
+    # Serialise fully before touching the disk: a value JSON cannot hold fails here.
+    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------- selecting rows
+def load_verdicts(paths: list[str | Path] | None = None,
+                  directory: str | Path = rank_mod.VERDICTS_DIR) -> pd.DataFrame:
+    """Verdict tables from the given files, else every *.parquet under artifacts/verdicts/."""
+    if not paths:
+        directory = Path(directory)
+        paths = sorted(directory.glob("*.parquet")) if directory.is_dir() else []
+        if not paths:
+            raise TunerError(f"no verdict tables under {directory}: run `tuner rank` first")
+    return pd.concat([rank_mod.read(p) for p in paths], ignore_index=True)
+
+
+def accepted(verdicts: pd.DataFrame, family: str | None = None) -> pd.DataFrame:
+    """Accepted rows, one per (device, family, shape): the latest measurement, then the larger
+    saving."""
+    rows = verdicts[verdicts["decision"] == rank_mod.ACCEPT]
+    if family:
+        rows = rows[rows["family"] == family]
+    if rows.empty:
+        return rows
+    rows = rows.sort_values(["measured_at", "saving_us_per_token"], ascending=[False, False])
+    return rows.drop_duplicates(["device", "family", "shape"], keep="first")
+
+
+def _plain(value):
+    """numpy scalars to Python, NaN to None (JSON has no NaN)."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _one(rows: pd.DataFrame, column: str, what: str):
+    values = sorted({str(v) for v in rows[column].tolist()})
+    if len(values) > 1:
+        raise TunerError(f"{what}: the accepted verdicts disagree on {column} ({', '.join(values)}); "
+                         f"re-run `tuner rank` so they come from one build")
+    return rows[column].iloc[0]
+
+
+def family_document(rows: pd.DataFrame, family: str, device_key: str, *,
+                    check_kernel_hash: bool = True) -> dict:
+    """The <family>.json document for one device from its accepted verdict rows."""
+    from . import runtime
+
+    what = f"{device_key}/{family}"
+    kernel_hash = str(_one(rows, "kernel_hash", what))
+    if check_kernel_hash:
+        now = runtime.kernel_hash(family)
+        if now != kernel_hash:
+            raise TunerError(f"{what}: the {family} kernel source changed since these verdicts were "
+                             f"measured (hash {kernel_hash}, now {now}); re-run `tuner rank`")
+    modes = sorted(set(rows["parity_mode"]))
+    configs = {}
+    for r in rows.to_dict("records"):
+        configs[r["shape"]] = {
+            "shape": json.loads(r["shape_json"]),
+            "config": json.loads(r["config"]),
+            "measured": {k: _plain(r[k]) for k in MEASURED_FIELDS if k in r},
+        }
+    return {
+        "format": EXPORT_FORMAT,
+        "family": family,
+        "device": {"key": device_key, "name": str(_one(rows, "device_name", what)),
+                   "arch": str(_one(rows, "arch", what)),
+                   "backend": str(_one(rows, "backend", what))},
+        "versions": {"torch": str(_one(rows, "torch", what)),
+                     "triton": str(_one(rows, "triton", what))},
+        "kernel_hash": kernel_hash,
+        "compile_options": {"enable_fp_fusion": bool(_one(rows, "fp_fusion", what))},
+        "parity_mode": modes[0] if len(modes) == 1 else "tolerance",
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "configs": dict(sorted(configs.items())),
+    }
+
+
+def vllm_documents(doc: dict) -> dict[str, dict]:
+    """vLLM-style files for a gemv/gemm export: {file name: {"M": config}} per (N, K, dtype)."""
+    device = doc["device"]["name"].replace(" ", "_")
+    files: dict[str, dict] = {}
+    for entry in doc["configs"].values():
+        shape = entry["shape"]
+        if int(shape.get("batch", 1)) != 1 or "m" not in shape:
+            continue
+        name = f"N={shape['n']},K={shape['k']},device_name={device},dtype={shape['dtype']}"
+        if shape.get("layout") and doc["family"] == "gemm":
+            name += f",layout={shape['layout']}"
+        files.setdefault(name + ".json", {})[str(shape["m"])] = entry["config"]
+    return {name: dict(sorted(ms.items(), key=lambda kv: int(kv[0])))
+            for name, ms in files.items()}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def export(verdicts: pd.DataFrame, *, out_root: str | Path = EXPORT_ROOT,
+           family: str | None = None, formats: tuple[str, ...] = ("native",),
+           check_kernel_hash: bool = True) -> list[Path]:
+    """Write the accepted configs; returns the paths written (manifests last)."""
+    for fmt in formats:
+        if fmt not in ("native", "vllm"):
+            raise TunerError(f"unknown export format {fmt!r}; expected native or vllm")
+    rows = accepted(verdicts, family)
+    if rows.empty:
+        what = f" for family {family}" if family else ""
+        raise TunerError(f"no accepted configs{what} in the verdicts: nothing to export "
+                         f"(see the reasons in the verdict table)")
+    written: list[Path] = []
+    for device_key, device_rows in rows.groupby("device", sort=True):
+        directory = Path(out_root) / str(device_key)
+        docs = {}
+        for fam, fam_rows in device_rows.groupby("family", sort=True):
+            docs[fam] = family_document(fam_rows, fam, str(device_key),
+                                        check_kernel_hash=check_kernel_hash)
+        manifest_path = directory / "manifest.json"
+        manifest = _read_manifest(manifest_path)
+        for fam, doc in docs.items():
+            path = atomic_write_json(directory / f"{fam}.json", doc)
+            written.append(path)
+            manifest["families"][fam] = {
+                "file": path.name, "sha256": _sha256(path), "entries": len(doc["configs"]),
+                "kernel_hash": doc["kernel_hash"], "parity_mode": doc["parity_mode"],
+                "compile_options": doc["compile_options"], "created_at": doc["created_at"],
+            }
+            if "vllm" in formats:
+                if fam not in VLLM_FAMILIES:
+                    warn(f"--format vllm does not fit family {fam} (no M-keyed layout); skipped")
+                else:
+                    for name, data in vllm_documents(doc).items():
+                        written.append(atomic_write_json(directory / "vllm" / fam / name, data))
+            manifest["device"] = doc["device"]
+            manifest["versions"] = doc["versions"]
+        manifest["format"] = EXPORT_FORMAT
+        manifest["updated_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        written.append(atomic_write_json(manifest_path, manifest))
+    return written
+
+
+def _read_manifest(path: Path) -> dict:
+    """An existing manifest to update (other families stay), or a fresh one."""
+    fresh = {"format": EXPORT_FORMAT, "families": {}}
+    if not path.exists():
+        return fresh
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        warn(f"{path} is unreadable; writing a new manifest")
+        return fresh
+    if not isinstance(data, dict) or not isinstance(data.get("families"), dict):
+        return fresh
+    # keep only families whose file is still there
+    data["families"] = {f: e for f, e in data["families"].items()
+                        if (path.parent / e.get("file", f"{f}.json")).exists()}
+    return data
+
+
+def summary_lines(paths: list[Path]) -> list[str]:
+    out = []
+    for p in paths:
+        if p.name == "manifest.json":
+            out.append(f"  {p}")
+        elif p.parent.parent.name == "vllm":
+            out.append(f"  {p} (vLLM layout)")
+        else:
+            try:
+                n = len(json.loads(p.read_text())["configs"])
+                out.append(f"  {p}: {n} config(s)")
+            except (OSError, KeyError, json.JSONDecodeError):
+                out.append(f"  {p}")
+    return out
+
+
+def run_cli(paths, *, family, formats, out_root, check_kernel_hash=True) -> list[Path]:
+    verdicts = load_verdicts(paths)
+    written = export(verdicts, out_root=out_root, family=family, formats=formats,
+                     check_kernel_hash=check_kernel_hash)
+    info(f"exported to {out_root}:")
+    for line in summary_lines(written):
+        print(line)
+    return written

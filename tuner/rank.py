@@ -1,0 +1,598 @@
+"""`tuner rank`: turn search leads into verdicts a serving team can trust.
+
+For every study in a storage (filtered by family and device) the best few *distinct* feasible
+configs are re-measured in this process: output parity (tuner.parity.check) and a paired,
+interleaved timing against the baseline (the path serving uses today) and against the family's
+default config (tuner.bench.compare). Three gates decide:
+
+- parity: ``exact`` (same output hash as the reference path) by default, or ``tolerance``;
+- speedup: the lower confidence bound of the paired ratio against the baseline >= ``min_speedup``;
+- budget: projected saving per token = saving per call x calls_per_step x hit_rate reaches the
+  threshold (µs per token, or a share of the step, as in tuner/budget.py).
+
+Survivors are ranked by projected µs saved per token, never by ratio; the best survivor of a shape
+is ``accept``, other survivors of the same shape ``runner-up``. Every rejected candidate stays in
+the table with its reason. Measurement and decision are separate: `decide` is a pure function
+over measured numbers, and `rank` takes a swappable `measure` function.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from .errors import TunerError, info, warn
+
+VERDICTS_DIR = Path("artifacts") / "verdicts"
+DEFAULT_MIN_SPEEDUP = 1.01
+DEFAULT_TOP = 3
+DEFAULT_THRESHOLD = "0.5%"  # used only if tuner.budget does not define its own default
+
+# The Verdict table (DESIGN.md), in this order, then the extra columns below.
+VERDICT_COLUMNS = [
+    "rank", "shape", "family", "config", "baseline_us", "candidate_us", "speedup", "speedup_low",
+    "speedup_high", "parity_mode", "parity_error", "parity", "saving_us_per_call",
+    "calls_per_step", "hit_rate", "saving_us_per_token", "share_of_step", "decision", "reason",
+]
+MEASURED_COLUMNS = [
+    "default_us", "speedup_vs_default", "noise_pct", "search_us", "trial", "step_us", "phase",
+    "study", "shape_json", "device",
+]
+# Where and with what the numbers were measured (export copies these into its files).
+IDENTITY_COLUMNS = [
+    "device_name", "arch", "backend", "torch", "triton", "kernel_hash", "fp_fusion", "measured_at",
+]
+EXTRA_COLUMNS = MEASURED_COLUMNS + IDENTITY_COLUMNS
+
+ACCEPT, RUNNER_UP, REJECT = "accept", "runner-up", "reject"
+
+
+# ------------------------------------------------------------------------------------ threshold
+@dataclass(frozen=True)
+class Threshold:
+    """The least projected saving worth shipping: µs per token, or a share of the step."""
+
+    us_per_token: float | None = None
+    share: float | None = None  # fraction of the step, 0.005 = 0.5%
+
+    def passes(self, saving_us_per_token: float, step_us: float) -> bool:
+        if self.us_per_token is not None:
+            return saving_us_per_token >= self.us_per_token
+        if not step_us or step_us <= 0:
+            return False
+        return saving_us_per_token / step_us >= (self.share or 0.0)
+
+    def describe(self) -> str:
+        if self.us_per_token is not None:
+            return f"{self.us_per_token:g} us/token"
+        return f"{(self.share or 0.0) * 100:g}% of the step"
+
+
+def parse_threshold(text) -> Threshold:
+    """The rank threshold, read as tuner.budget reads --min-saving: '0.5%' is a share of the step,
+    '40us' / '40µs' / '0.04ms' µs per token. None: budget's default target (0.5% of the step).
+
+    Budget's safety factor is not applied here: rank compares a *measured* saving, not headroom.
+    """
+    if isinstance(text, Threshold):
+        return text
+    if text is None:
+        text = default_threshold()
+    if isinstance(text, (int, float)):
+        text = f"{text}us"
+    if isinstance(text, str):
+        text = _parse_threshold_text(text)
+    us, share = getattr(text, "us_per_token", None), getattr(text, "share", None)
+    if us is None and share is None:
+        raise TunerError(f"cannot use threshold {text!r}")
+    return Threshold(us_per_token=us, share=share)
+
+
+def _parse_threshold_text(text: str):
+    try:
+        from .budget import parse_threshold as budget_parse
+    except ImportError:
+        budget_parse = None
+    if budget_parse is not None:
+        return budget_parse(text)
+    s = text.strip().lower().replace("µ", "u").replace("μ", "u").replace(" ", "")
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)(%|us|ms|s)?", s)
+    if not match or float(match.group(1)) <= 0:
+        raise TunerError(f"cannot read --min-saving {text!r}: give a share like 0.5% or a "
+                         f"time per token like 40us")
+    value, unit = float(match.group(1)), match.group(2) or "us"
+    if unit == "%":
+        return Threshold(share=value / 100.0)
+    return Threshold(us_per_token=value * {"us": 1.0, "ms": 1e3, "s": 1e6}[unit])
+
+
+def default_threshold():
+    """tuner.budget's default target, else 0.5% of the step."""
+    try:
+        from . import budget
+
+        default = getattr(budget, "DEFAULT_THRESHOLD", None)
+        if default is not None:
+            return default
+    except ImportError:
+        pass
+    return DEFAULT_THRESHOLD
+
+
+# ----------------------------------------------------------------------------- inputs / numbers
+@dataclass
+class StudyInfo:
+    """One study, as far as rank needs it (from the pinned study user attrs)."""
+
+    name: str
+    family: str
+    shape: dict
+    shape_key: str
+    device: str
+    calls_per_step: float
+    step_us: float
+    hit_rate: float = 1.0
+    phase: str = ""
+    backend: str = "cuda"
+    baseline_us: float | None = None
+    default_us: float | None = None
+    default_config: dict | None = None
+    candidates: list["Candidate"] = field(default_factory=list)
+
+
+@dataclass
+class Candidate:
+    config: dict
+    search_us: float  # median µs the search measured
+    trial: int
+
+
+@dataclass
+class Parity:
+    """What rank needs from tuner.parity.ParityResult."""
+
+    passed: bool
+    mode: str
+    rel_err: float
+    reason: str = ""
+
+
+@dataclass
+class Pair:
+    """What rank needs from tuner.bench.Paired."""
+
+    reference_us: float
+    candidate_us: float
+    speedup: float
+    speedup_low: float
+    speedup_high: float
+    noise_pct: float = 0.0
+
+
+@dataclass
+class Measured:
+    """Everything measured for one candidate. `failure` set: it did not compile/run."""
+
+    config: dict
+    parity: Parity | None = None
+    vs_baseline: Pair | None = None
+    vs_default: Pair | None = None
+    failure: str = ""
+
+
+MeasureFn = Callable[[StudyInfo, Candidate, str], Measured]
+
+
+# ------------------------------------------------------------------------------ decision logic
+def config_text(config: dict) -> str:
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def parity_text(parity: Parity | None) -> str:
+    if parity is None:
+        return "not checked"
+    err = "nan" if parity.rel_err is None or math.isnan(parity.rel_err) else f"{parity.rel_err:.1e}"
+    if parity.passed:
+        return f"{parity.mode} ok (rel err {err})"
+    return f"{parity.mode} FAILED: {parity.reason or 'output differs'} (rel err {err})"
+
+
+def decide_one(study: StudyInfo, cand: Candidate, meas: Measured, *, min_speedup: float,
+               threshold: Threshold) -> dict:
+    """One verdict row from measured numbers. Pure: no GPU, no I/O."""
+    row: dict[str, Any] = {
+        "rank": 0,
+        "shape": study.shape_key,
+        "family": study.family,
+        "config": config_text(cand.config),
+        "baseline_us": math.nan, "candidate_us": math.nan,
+        "speedup": math.nan, "speedup_low": math.nan, "speedup_high": math.nan,
+        "parity_mode": meas.parity.mode if meas.parity else "",
+        "parity_error": float(meas.parity.rel_err) if meas.parity else math.nan,
+        "parity": parity_text(meas.parity),
+        "saving_us_per_call": math.nan,
+        "calls_per_step": float(study.calls_per_step),
+        "hit_rate": float(study.hit_rate),
+        "saving_us_per_token": math.nan,
+        "share_of_step": math.nan,
+        "decision": REJECT,
+        "reason": "",
+        "default_us": math.nan, "speedup_vs_default": math.nan, "noise_pct": math.nan,
+        "search_us": float(cand.search_us), "trial": int(cand.trial),
+        "step_us": float(study.step_us), "phase": study.phase, "study": study.name,
+        "shape_json": json.dumps(study.shape, sort_keys=True), "device": study.device,
+    }
+    if meas.vs_baseline is not None:
+        b = meas.vs_baseline
+        saving = b.reference_us - b.candidate_us
+        per_token = saving * study.calls_per_step * study.hit_rate
+        row.update(baseline_us=b.reference_us, candidate_us=b.candidate_us, speedup=b.speedup,
+                   speedup_low=b.speedup_low, speedup_high=b.speedup_high,
+                   noise_pct=b.noise_pct, saving_us_per_call=saving,
+                   saving_us_per_token=per_token,
+                   share_of_step=per_token / study.step_us if study.step_us > 0 else math.nan)
+    if meas.vs_default is not None:
+        row.update(default_us=meas.vs_default.reference_us,
+                   speedup_vs_default=meas.vs_default.speedup)
+
+    if meas.failure:
+        row["reason"] = f"failed: {meas.failure}"
+        return row
+    if meas.parity is None or not meas.parity.passed:
+        row["reason"] = f"parity: {parity_text(meas.parity)}"
+        return row
+    b = meas.vs_baseline
+    if b is None:
+        row["reason"] = "failed: no timing against the baseline"
+        return row
+    if not b.speedup_low >= min_speedup:  # NaN fails too
+        if b.speedup_high >= min_speedup:
+            row["reason"] = (f"noise: {b.speedup:.3f}x but its lower bound {b.speedup_low:.3f} "
+                             f"< {min_speedup:g} (A/A noise ±{b.noise_pct:.2f}%)")
+        else:
+            row["reason"] = (f"not faster: {b.speedup:.3f}x [{b.speedup_low:.3f}, "
+                             f"{b.speedup_high:.3f}] < {min_speedup:g} against the baseline")
+        return row
+    if not threshold.passes(row["saving_us_per_token"], study.step_us):
+        row["reason"] = (f"too small: saves {row['saving_us_per_token']:.2f} us/token "
+                         f"({_pct(row['share_of_step'])} of the step) < {threshold.describe()}")
+        return row
+    row["decision"] = ACCEPT
+    row["reason"] = (f"passes: {b.speedup_low:.3f}x lower bound, "
+                     f"{row['saving_us_per_token']:.2f} us/token")
+    return row
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x * 100:.2f}%"
+
+
+def decide(studies: list[tuple[StudyInfo, list[tuple[Candidate, Measured]]]], *,
+           min_speedup: float = DEFAULT_MIN_SPEEDUP,
+           threshold: Threshold | str | None = None) -> pd.DataFrame:
+    """All verdict rows, ranked: accepted by projected µs/token (one per shape), then runners-up,
+    then rejected. Pure: takes measured numbers, returns the table."""
+    threshold = parse_threshold(threshold)
+    rows = []
+    for study, measured in studies:
+        study_rows = [decide_one(study, cand, meas, min_speedup=min_speedup, threshold=threshold)
+                      for cand, meas in measured]
+        passing = [r for r in study_rows if r["decision"] == ACCEPT]
+        passing.sort(key=lambda r: -r["saving_us_per_token"])
+        for r in passing[1:]:
+            r["decision"] = RUNNER_UP
+            r["reason"] = (f"passes, but {passing[0]['config']} saves more "
+                           f"({passing[0]['saving_us_per_token']:.2f} us/token)")
+        rows += study_rows
+    table = pd.DataFrame(rows, columns=VERDICT_COLUMNS + MEASURED_COLUMNS)
+    return order(table)
+
+
+def order(table: pd.DataFrame) -> pd.DataFrame:
+    """Accepted first by saving per token, then runners-up, then rejected; `rank` 1.. for accepted."""
+    if table.empty:
+        return table
+    weight = table["decision"].map({ACCEPT: 0, RUNNER_UP: 1, REJECT: 2}).fillna(3)
+    saving = table["saving_us_per_token"].fillna(-math.inf)
+    table = table.assign(_w=weight, _s=saving).sort_values(["_w", "_s"], ascending=[True, False])
+    table = table.drop(columns=["_w", "_s"]).reset_index(drop=True)
+    accepted = table["decision"] == ACCEPT
+    table["rank"] = 0
+    table.loc[accepted, "rank"] = range(1, int(accepted.sum()) + 1)
+    return table
+
+
+# ------------------------------------------------------------------------------- reading studies
+def storage_url(storage: str | None) -> str:
+    """A storage URL; a plain path means a SQLite file; None means tuner.search's default."""
+    if not storage:
+        try:
+            from . import search
+
+            default = getattr(search, "DEFAULT_STORAGE", None)
+            if default:
+                return storage_url(str(default))
+        except ImportError:
+            pass
+        return storage_url(str(Path("artifacts") / "studies.db"))
+    if "://" in storage:
+        return storage
+    return f"sqlite:///{Path(storage)}"
+
+
+def feasible(trial) -> bool:
+    attrs = trial.user_attrs
+    if attrs.get("failure"):
+        return False
+    if attrs.get("parity") == "mismatch":
+        return False
+    constraints = trial.system_attrs.get("constraints")
+    if constraints and any(c > 0 for c in constraints):
+        return False
+    return "config" in attrs
+
+
+def best_distinct(trials, top: int) -> list[Candidate]:
+    """The `top` fastest distinct configs among feasible COMPLETE trials (by median_us)."""
+    import optuna
+
+    seen = set()
+    ranked = []
+    for t in trials:
+        if t.state != optuna.trial.TrialState.COMPLETE or not feasible(t):
+            continue
+        us = t.user_attrs.get("median_us", t.value)
+        if us is None or (isinstance(us, float) and math.isnan(us)):
+            continue
+        ranked.append((float(us), t.number, dict(t.user_attrs["config"])))
+    ranked.sort(key=lambda item: (item[0], item[1]))
+    out = []
+    for us, number, config in ranked:
+        key = config_text(config)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(Candidate(config=config, search_us=us, trial=number))
+        if len(out) >= top:
+            break
+    return out
+
+
+def load_studies(storage: str | None, *, family: str | None = None, device: str | None = None,
+                 top: int = DEFAULT_TOP) -> list[StudyInfo]:
+    import optuna
+
+    url = storage_url(storage)
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        raise TunerError(f"no study storage at {url[len('sqlite:///'):]}: run `tuner search` "
+                         f"first, or give --storage")
+    try:
+        summaries = optuna.study.get_all_study_summaries(url, include_best_trial=False)
+    except Exception as exc:  # bad URL, server down
+        raise TunerError(f"cannot open study storage {url}: {exc}") from None
+    studies = []
+    for summary in summaries:
+        attrs = summary.user_attrs
+        if "family" not in attrs or "shape" not in attrs:
+            continue  # not a tuner study
+        if family and attrs["family"] != family:
+            continue
+        if device and attrs.get("device") != device:
+            continue
+        study = optuna.load_study(study_name=summary.study_name, storage=url)
+        info_ = StudyInfo(
+            name=summary.study_name, family=attrs["family"], shape=dict(attrs["shape"]),
+            shape_key=attrs.get("shape_key") or summary.study_name.split(":", 2)[-1],
+            device=attrs.get("device", ""), calls_per_step=float(attrs.get("calls_per_step", 0)),
+            step_us=float(attrs.get("step_us") or 0.0), hit_rate=float(attrs.get("hit_rate", 1.0)),
+            phase=attrs.get("phase", ""), backend=attrs.get("backend", "cuda"),
+            baseline_us=attrs.get("baseline_us"), default_us=attrs.get("default_us"),
+            default_config=attrs.get("default_config"))
+        info_.candidates = best_distinct(study.get_trials(deepcopy=False), top)
+        studies.append(info_)
+    if not studies:
+        what = " ".join(x for x in (family and f"family {family}", device and f"device {device}")
+                        if x)
+        raise TunerError(f"no tuner studies{' for ' + what if what else ''} in {url}")
+    return studies
+
+
+# ---------------------------------------------------------------------------------- measurement
+def measure_on_gpu(study: StudyInfo, cand: Candidate, parity_mode: str) -> Measured:
+    """Parity, then paired timing against the baseline and the default config (GPU)."""
+    from . import bench, parity
+
+    meas = Measured(config=cand.config)
+    try:
+        p = parity.check(study.family, study.shape, cand.config, mode=parity_mode,
+                         reference="default")
+        meas.parity = Parity(bool(p.passed), p.mode, float(p.rel_err), p.reason)
+        if not p.passed:
+            return meas
+        for name in ("baseline", "default"):
+            r = bench.compare(study.family, study.shape, cand.config, name, cache="cold")
+            pair = Pair(r.reference_us, r.candidate_us, r.speedup, r.speedup_low,
+                        r.speedup_high, r.noise_pct)
+            if name == "baseline":
+                meas.vs_baseline = pair
+            else:
+                meas.vs_default = pair
+    except bench.CandidateFailure as exc:
+        meas.failure = str(exc) or type(exc).__name__
+    except TunerError:
+        raise
+    except Exception as exc:  # a candidate crash is data, not the end of the ranking
+        meas.failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    return meas
+
+
+def identity_columns(family: str) -> dict:
+    """Device, versions, kernel hash and numerics-changing compile options of this process."""
+    from . import runtime
+
+    ident = runtime.current_identity() or {}
+    try:
+        khash = runtime.kernel_hash(family)
+    except Exception as exc:  # a family without kernels yet
+        warn(f"cannot hash the {family} kernel source: {exc}")
+        khash = ""
+    return {
+        "device_name": ident.get("name", ""), "arch": ident.get("arch", ""),
+        "backend": ident.get("backend", ""), "torch": ident.get("torch", ""),
+        "triton": ident.get("triton", ""), "kernel_hash": khash,
+        "fp_fusion": fp_fusion_default(),
+    }
+
+
+def fp_fusion_default() -> bool:
+    """Triton's default FP fusion (FMA contraction) setting: it changes numerics."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.language.default_fp_fusion)
+    except Exception:
+        return True
+
+
+def rank(storage: str | None = None, *, family: str | None = None, device: str | None = None,
+         top: int = DEFAULT_TOP, parity_mode: str = "exact",
+         min_speedup: float = DEFAULT_MIN_SPEEDUP, threshold: Threshold | str | None = None,
+         measure: MeasureFn | None = None, identity: Callable[[str], dict] | None = None,
+         progress: bool = True) -> pd.DataFrame:
+    """Load studies, re-measure their best distinct configs, decide. Returns the verdict table."""
+    if parity_mode not in ("exact", "tolerance"):
+        raise TunerError(f"--parity must be exact or tolerance, not {parity_mode!r}")
+    if not (min_speedup > 0):
+        raise TunerError(f"--min-speedup must be positive, not {min_speedup}")
+    threshold = parse_threshold(threshold)
+    if measure is None:
+        _require_gpu()
+        measure = measure_on_gpu
+    identity = identity or identity_columns
+    studies = load_studies(storage, family=family, device=device, top=top)
+    measured = []
+    for i, study in enumerate(studies, 1):
+        results = []
+        if not study.candidates:
+            warn(f"{study.name}: no feasible completed trial to rank")
+        for cand in study.candidates:
+            if progress:
+                info(f"[{i}/{len(studies)}] {study.family} {study.shape_key}: "
+                     f"re-measuring {config_text(cand.config)}")
+            results.append((cand, measure(study, cand, parity_mode)))
+        measured.append((study, results))
+    table = decide(measured, min_speedup=min_speedup, threshold=threshold)
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    idents = {fam: identity(fam) for fam in table["family"].unique()} if len(table) else {}
+    for col in IDENTITY_COLUMNS:
+        if col == "measured_at":
+            table[col] = now
+        else:
+            table[col] = [idents[f].get(col, "") for f in table["family"]]
+    return table
+
+
+def _require_gpu() -> None:
+    from .errors import NoGPUError
+
+    try:
+        import torch
+
+        ok = torch.cuda.is_available()
+    except ImportError:
+        ok = False
+    if not ok:
+        raise NoGPUError("rank re-measures candidates and needs a CUDA or ROCm GPU; none is "
+                         "visible here")
+
+
+# ------------------------------------------------------------------------------------- outputs
+def write(table: pd.DataFrame, out_dir: str | Path = VERDICTS_DIR, name: str = "verdicts"
+          ) -> tuple[Path, Path]:
+    """Write <out_dir>/<name>.parquet and .md atomically; returns both paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parquet = out_dir / f"{name}.parquet"
+    md = out_dir / f"{name}.md"
+    tmp = parquet.with_suffix(".parquet.tmp")
+    table.to_parquet(tmp, index=False)
+    tmp.replace(parquet)
+    tmp = md.with_suffix(".md.tmp")
+    tmp.write_text(markdown(table))
+    tmp.replace(md)
+    return parquet, md
+
+
+def read(path: str | Path) -> pd.DataFrame:
+    path = Path(path)
+    if not path.exists():
+        raise TunerError(f"verdict table not found: {path} (run `tuner rank` first)")
+    try:
+        table = pd.read_parquet(path)
+    except Exception as exc:
+        raise TunerError(f"cannot read verdict table {path}: {exc}") from None
+    missing = [c for c in VERDICT_COLUMNS if c not in table.columns]
+    if missing:
+        raise TunerError(f"{path} is not a verdict table (lacks {', '.join(missing)})")
+    return table
+
+
+def _f(x: float, fmt: str) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """The verdict table as markdown: the DESIGN.md columns, ranked."""
+    lines = [
+        "| # | shape | family | config | baseline µs | candidate µs | speedup [low, high] | "
+        "parity | saving µs/call | calls/step | hit rate | saving µs/token | share of step | "
+        "decision | reason |",
+        "|---|---|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in table.itertuples(index=False):
+        speed = ("" if math.isnan(r.speedup) else
+                 f"{r.speedup:.3f}x [{r.speedup_low:.3f}, {r.speedup_high:.3f}]")
+        lines.append(
+            f"| {r.rank or ''} | {r.shape} | {r.family} | `{r.config}` | {_f(r.baseline_us, '.2f')} | "
+            f"{_f(r.candidate_us, '.2f')} | {speed} | {r.parity} | "
+            f"{_f(r.saving_us_per_call, '.2f')} | {_f(r.calls_per_step, '.1f')} | "
+            f"{_f(r.hit_rate, '.2f')} | {_f(r.saving_us_per_token, '.2f')} | "
+            f"{_pct(r.share_of_step) if not math.isnan(r.share_of_step) else ''} | "
+            f"{r.decision} | {r.reason} |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_lines(table: pd.DataFrame, limit: int = 20) -> list[str]:
+    """The ranking as short printable lines: winners with µs/token, rejected with reasons."""
+    out = []
+    accepted = table[table["decision"] == ACCEPT]
+    if accepted.empty:
+        out.append("no candidate passed every gate")
+    else:
+        total = accepted["saving_us_per_token"].sum()
+        out.append(f"{len(accepted)} shape(s) with a winning config, projected "
+                   f"{total:.2f} us/token saved in total:")
+        for r in accepted.head(limit).itertuples(index=False):
+            out.append(f"  #{r.rank} {r.family} {r.shape}: {r.speedup:.3f}x "
+                       f"[{r.speedup_low:.3f}, {r.speedup_high:.3f}], "
+                       f"{r.baseline_us:.2f} -> {r.candidate_us:.2f} us x "
+                       f"{r.calls_per_step:g}/step = {r.saving_us_per_token:.2f} us/token "
+                       f"({_pct(r.share_of_step)} of the step); parity {r.parity}")
+    rejected = table[table["decision"] == REJECT]
+    if not rejected.empty:
+        out.append(f"{len(rejected)} candidate(s) rejected:")
+        for r in rejected.head(limit).itertuples(index=False):
+            out.append(f"  {r.family} {r.shape} {r.config}: {r.reason}")
+        if len(rejected) > limit:
+            out.append(f"  ... and {len(rejected) - limit} more (see the verdict table)")
+    runners = int((table["decision"] == RUNNER_UP).sum())
+    if runners:
+        out.append(f"{runners} runner-up candidate(s) also passed (see the verdict table)")
+    return out

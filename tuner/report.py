@@ -1,0 +1,318 @@
+"""`tuner run TRACE`: the main job in one command, and its summary.
+
+harvest -> budget -> search (under a time budget) -> rank -> export, then a short summary of what
+it found and where it wrote it. On a machine without a GPU it runs harvest and budget, prints the
+search plan (which shapes, how much of the time budget each would get) and says plainly that the
+search needs a GPU; that is a complete run for such a machine (exit code 0).
+
+Outputs (``-o DIR``, default artifacts/run/<trace name>/): shapes.parquet, budget.parquet,
+plan.md, verdicts.parquet + verdicts.md; the exported configs go to artifacts/export/<device>/
+where the runtime loader looks for them (``--export-dir`` to change).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import TunerError, info, warn
+
+RUNS_DIR = Path("artifacts") / "run"
+
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    shapes_path: Path | None = None
+    budget_path: Path | None = None
+    plan_path: Path | None = None
+    plan: pd.DataFrame | None = None
+    profile_label: str = ""
+    searched: bool = False
+    verdicts_path: Path | None = None
+    verdicts: pd.DataFrame | None = None
+    exported: list[Path] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # the printed summary
+
+
+# ------------------------------------------------------------------------------------- helpers
+def parse_duration(text: str | float | int) -> float:
+    """'30m', '4m', '90s', '1h30m', '2h', or plain seconds -> seconds."""
+    if isinstance(text, (int, float)):
+        seconds = float(text)
+    else:
+        s = str(text).strip().lower().replace(" ", "")
+        if re.fullmatch(r"[0-9]*\.?[0-9]+", s):
+            seconds = float(s)
+        else:
+            parts = re.findall(r"([0-9]*\.?[0-9]+)(h|m|s)", s)
+            if not parts or "".join(v + u for v, u in parts) != s:
+                raise TunerError(f"cannot read --timeout {text!r}: give e.g. 30m, 4m, 90s or 1h30m")
+            seconds = sum(float(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in parts)
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise TunerError(f"--timeout must be positive, got {text!r}")
+    return seconds
+
+
+def trace_name(trace: str | Path) -> str:
+    name = Path(trace).name
+    for suffix in (".gz", ".json", ".trace", ".pt"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name) or "trace"
+
+
+def have_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+def spec_key_for(device_name: str) -> str | None:
+    """The spec profile whose name matches a trace's device name ('NVIDIA H200' -> 'h200')."""
+    from .device import SPEC_PROFILES
+
+    words = set(re.findall(r"[a-z0-9]+", str(device_name).lower()))
+    for key in sorted(SPEC_PROFILES, key=len, reverse=True):
+        if key in words:
+            return key
+    return None
+
+
+def choose_profile(device: str | None, trace_devices: list[str]):
+    """(DeviceProfile, label). --device wins; else a measured profile under artifacts/devices for
+    the trace's device (or this machine's GPU); else the spec profile matching the trace's device
+    name, labelled as such; else ask for --device."""
+    from .device import DEVICES_DIR, SPEC_PROFILES, load_profile
+    from .runtime import current_identity, device_key_for
+
+    if device:
+        profile = load_profile(device)
+        return profile, f"{profile.name} ({profile.source}, from --device {device})"
+    names = [str(n) for n in trace_devices if n and str(n).lower() not in ("nan", "none", "")]
+    ident = current_identity() if have_gpu() else None
+    if ident:
+        names.append(ident["name"])
+    for name in names:
+        path = DEVICES_DIR / f"{device_key_for(name)}.json"
+        if path.exists():
+            profile = load_profile(path)
+            return profile, f"{profile.name} (measured profile {path})"
+    for name in names:
+        key = spec_key_for(name)
+        if key:
+            profile = load_profile(key)
+            return profile, (f"{profile.name}: published datasheet peaks for the trace's device "
+                             f"{name!r}, not measured (run `tuner device` on it for a measured "
+                             f"profile, or give --device)")
+    seen = ", ".join(repr(n) for n in names) or "none recorded"
+    raise TunerError(f"no device profile for this trace (device: {seen}): give --device with a "
+                     f"profile JSON from `tuner device` or a spec name "
+                     f"({', '.join(sorted(SPEC_PROFILES))})")
+
+
+def harvest_trace(trace: str | Path, top: int = 8) -> pd.DataFrame:
+    """Harvest the trace (tuner.harvest) and print its summary and top rows."""
+    from . import harvest
+
+    result = harvest.harvest([str(trace)], quiet=True)
+    harvest.report(result, top=top)
+    return result.table
+
+
+def family_rows(budget: pd.DataFrame, family: str) -> pd.DataFrame:
+    """Budget rows the kernel family serves, with their shape dict and key (columns shape, key)."""
+    from kernels import get_family
+
+    fam = get_family(family)
+    shapes, keys, keep = [], [], []
+    for i, row in budget.iterrows():
+        shape = fam.shape_from_row(row)
+        if shape is not None:
+            keep.append(i)
+            shapes.append(shape)
+            keys.append(fam.shape_key(shape))
+    out = budget.loc[keep].copy()
+    out["kernel_shape"] = shapes
+    out["shape_key"] = keys
+    return out.reset_index(drop=True)
+
+
+def plan_search(budget: pd.DataFrame, family: str, timeout_s: float) -> pd.DataFrame:
+    """Which shapes the search would spend time on and how much: the kept rows of the family,
+    the time budget shared in proportion to what each could save per token (as tuner search
+    does). Rows of one kernel shape (e.g. the same linear in two phases) are searched once."""
+    rows = family_rows(budget, family)
+    kept = rows[rows["verdict"] == "keep"]
+    if kept.empty:
+        return kept.assign(seconds=pd.Series(dtype=float))
+    weight_col = "headroom_us_per_token"
+    grouped = (kept.assign(_w=kept[weight_col].fillna(0.0).clip(lower=0.0))
+               .groupby("shape_key", sort=False)
+               .agg(shape=("kernel_shape", "first"), phase=("phase", "first"),
+                    calls_per_step=("calls_per_step", "sum"),
+                    baseline_us=("baseline_us", "first"), floor_us=("floor_us", "first"),
+                    headroom_us_per_token=("_w", "sum"), headroom_share=("headroom_share", "sum"),
+                    step_us=("step_us", "first"))
+               .reset_index())
+    total = grouped["headroom_us_per_token"].sum()
+    if total > 0:
+        grouped["seconds"] = timeout_s * grouped["headroom_us_per_token"] / total
+    else:
+        grouped["seconds"] = timeout_s / len(grouped)
+    return grouped.sort_values("headroom_us_per_token", ascending=False).reset_index(drop=True)
+
+
+def _fmt_seconds(s: float) -> str:
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    if s >= 60:
+        return f"{s / 60:.1f} min"
+    return f"{s:.0f} s"
+
+
+def _num(x, fmt=".2f") -> str:
+    try:
+        return "n/a" if x is None or math.isnan(float(x)) else format(float(x), fmt)
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def plan_lines(plan: pd.DataFrame, family: str, timeout_s: float) -> list[str]:
+    if plan.empty:
+        return [f"search plan: no {family} shape survives the budget; nothing to search"]
+    out = [f"search plan: {len(plan)} {family} shape(s), {_fmt_seconds(timeout_s)} in total, "
+           f"shared by what each could save per token:",
+           f"  {'shape':<40} {'calls/step':>10} {'baseline us':>11} {'floor us':>9} "
+           f"{'headroom us/token':>17} {'share':>7} {'time':>8}"]
+    for r in plan.itertuples(index=False):
+        out.append(f"  {r.shape_key:<40} {r.calls_per_step:>10.1f} {_num(r.baseline_us):>11} "
+                   f"{_num(r.floor_us):>9} {_num(r.headroom_us_per_token):>17} "
+                   f"{_num(r.headroom_share * 100 if r.headroom_share == r.headroom_share else None, '.2f') + '%':>7} "
+                   f"{_fmt_seconds(r.seconds):>8}")
+    return out
+
+
+def plan_markdown(plan: pd.DataFrame, family: str, timeout_s: float, profile_label: str) -> str:
+    lines = [f"# Search plan ({family}, {_fmt_seconds(timeout_s)})", "",
+             f"Device profile: {profile_label}", "",
+             "| shape | calls/step | baseline µs | floor µs | headroom µs/token | share | time |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in plan.itertuples(index=False):
+        lines.append(f"| {r.shape_key} | {r.calls_per_step:.1f} | {_num(r.baseline_us)} | "
+                     f"{_num(r.floor_us)} | {_num(r.headroom_us_per_token)} | "
+                     f"{_num(r.headroom_share * 100)}% | {_fmt_seconds(r.seconds)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _budget_counts(budget: pd.DataFrame, family: str, plan: pd.DataFrame) -> str:
+    keep = int((budget["verdict"] == "keep").sum())
+    return (f"budget: {len(budget)} shape row(s), {keep} kept, {len(budget) - keep} pruned; "
+            f"{len(plan)} distinct {family} shape(s) to search")
+
+
+# ------------------------------------------------------------------------------------ the job
+def run_search(plan: pd.DataFrame, budget_path: Path, *, family: str, storage: str | None,
+               timeout_s: float) -> str | None:
+    """Run tuner.search over the planned shapes under the time budget; returns the storage URL."""
+    from . import search
+
+    fn = getattr(search, "run_search", None) or getattr(search, "search", None)
+    if fn is None:
+        raise TunerError("tuner.search has no run_search()/search() API to call")
+    result = fn(str(budget_path), family=family, storage=storage, timeout_s=timeout_s)
+    url = getattr(result, "storage", None) or (result if isinstance(result, str) else None)
+    return url or storage
+
+
+def run(trace: str | Path, *, family: str = "gemv", timeout: str | float = "30m",
+        storage: str | None = None, device: str | None = None, min_saving: str | None = None,
+        out_dir: str | Path | None = None, export_root: str | Path | None = None,
+        top: int = 3, parity: str = "exact", min_speedup: float = 1.01,
+        graph_captured: bool = False, gpu: bool | None = None, out=print) -> RunResult:
+    """The main job. `gpu=None` detects; False forces the CPU path (harvest, budget, plan)."""
+    from . import budget as budget_mod
+    from . import shapetable
+    from .runtime import EXPORT_ROOT
+
+    timeout_s = parse_duration(timeout)
+    trace = Path(trace)
+    if not trace.exists():
+        raise TunerError(f"trace not found: {trace}")
+    out_dir = Path(out_dir) if out_dir else RUNS_DIR / trace_name(trace)
+    result = RunResult(out_dir=out_dir)
+    gpu = have_gpu() if gpu is None else gpu
+
+    # 1. harvest
+    table = harvest_trace(trace)
+    result.shapes_path = shapetable.write(table, out_dir / "shapes.parquet")
+    out(f"harvest: {len(table)} call shape(s) from {trace} -> {result.shapes_path}")
+
+    # 2. budget
+    profile, result.profile_label = choose_profile(device, list(table["device"].dropna().unique()))
+    out(f"device profile: {result.profile_label}")
+    threshold = (budget_mod.parse_threshold(min_saving) if min_saving
+                 else budget_mod.DEFAULT_THRESHOLD)
+    budget = budget_mod.compute(table, profile, threshold=threshold,
+                                graph_captured=graph_captured)
+    result.budget_path = budget_mod.write(budget, out_dir / "budget.parquet")
+    plan = plan_search(budget, family, timeout_s)
+    result.plan = plan
+    basis = "GPU-busy step (--graph-captured)" if graph_captured else "wall-time step"
+    out(_budget_counts(budget, family, plan) + f" ({threshold.describe()}, against the {basis}) "
+        f"-> {result.budget_path}")
+    for line in plan_lines(plan, family, timeout_s):
+        out(line)
+    if plan.empty and not graph_captured and bool(budget["launch_bound"].any()):
+        captured = budget_mod.compute(table, profile, threshold=threshold, graph_captured=True)
+        n = len(plan_search(captured, family, timeout_s))
+        busy = budget.loc[budget["launch_bound"], "gpu_busy_share"].min()
+        out(f"note: the traced steps are launch-bound (GPU busy {busy * 100:.0f}% of the step), "
+            f"so kernel savings are diluted by launch overhead here. Served under CUDA/HIP graphs "
+            f"(as vLLM and SGLang run decode), {n} {family} shape(s) would be worth a search: "
+            f"add --graph-captured to budget against the GPU-busy step.")
+    result.plan_path = out_dir / "plan.md"
+    result.plan_path.write_text(plan_markdown(plan, family, timeout_s, result.profile_label))
+
+    if not gpu:
+        out("search needs a GPU: none is visible here, so this run stopped after harvest, budget "
+            f"and the plan above (written to {result.plan_path}). Run the same command on a CUDA "
+            "or ROCm machine to search, rank and export.")
+        return result
+    if plan.empty:
+        out(f"nothing to search: no {family} shape survives the budget")
+        return result
+
+    # 3. search, 4. rank, 5. export
+    from . import export as export_mod
+    from . import rank as rank_mod
+    from .runtime import current_identity
+
+    url = run_search(plan, result.budget_path, family=family, storage=storage,
+                     timeout_s=timeout_s)
+    result.searched = True
+    ident = current_identity() or {}
+    verdicts = rank_mod.rank(url, family=family, device=ident.get("key"), top=top,
+                             parity_mode=parity, min_speedup=min_speedup,
+                             threshold=min_saving)
+    result.verdicts = verdicts
+    result.verdicts_path, md = rank_mod.write(verdicts, out_dir, "verdicts")
+    for line in rank_mod.summary_lines(verdicts):
+        out(line)
+    out(f"verdicts: {result.verdicts_path} and {md}")
+    if (verdicts["decision"] == rank_mod.ACCEPT).any():
+        result.exported = export_mod.export(verdicts, out_root=export_root or EXPORT_ROOT,
+                                            family=family)
+        out("exported (the runtime loader reads these):")
+        for line in export_mod.summary_lines(result.exported):
+            out(line)
+    else:
+        out("nothing exported: no candidate passed every gate (reasons in the verdict table)")
+    return result
