@@ -101,11 +101,25 @@ def cmd_harvest(args) -> int:
 # ------------------------------------------------------------------------------------------ device
 def _add_device(sub) -> None:
     p = sub.add_parser("device", help="detect the GPU and measure its bandwidth and matmul rate")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="directory for the saved profile (default artifacts/devices)")
+    p.add_argument("--buffer-gib", type=float, default=4.0,
+                   help="size of the read-bandwidth buffer in GiB (default 4; far above L2)")
     p.set_defaults(func=cmd_device)
 
 
 def cmd_device(args) -> int:
-    raise TunerError("device is not implemented yet")
+    from . import device
+
+    profile = device.measure(buffer_bytes=int(args.buffer_gib * 2**30))
+    path = device.save_profile(profile, args.out or device.DEVICES_DIR)
+    if args.json:
+        print(profile.to_json())
+    else:
+        print(device.describe(profile))
+        print(f"saved      {path}")
+    return 0
 
 
 # ------------------------------------------------------------------------------------------- bench

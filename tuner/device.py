@@ -36,6 +36,7 @@ class DeviceProfile:
     versions: dict = field(default_factory=dict)  # torch, triton, cuda/hip, driver
     measured_at: str = ""  # ISO time, empty for spec profiles
     is_dcu: bool = False
+    notes: dict = field(default_factory=dict)  # how the numbers were measured (method, sizes)
 
     @property
     def key(self) -> str:
@@ -96,3 +97,240 @@ def load_profile(name_or_path: str | Path, directory: str | Path = DEVICES_DIR) 
         return DeviceProfile.from_dict(json.loads(path.read_text()))
     except (json.JSONDecodeError, TypeError) as exc:
         raise TunerError(f"cannot read device profile {path}: {exc}") from None
+
+
+# ----------------------------------------------------------------------------------- detection
+def detect_fields(props, hip_version: str | None, cuda_version: str | None) -> dict:
+    """Map a torch device-properties object (or anything with the same attributes) and torch's
+    version strings to the identity fields of a DeviceProfile. Pure: testable without a GPU.
+
+    props needs `name`, `multi_processor_count`, and where available `L2_cache_size`,
+    `warp_size`, `gcnArchName` (ROCm) or `major`/`minor` (CUDA)."""
+    name = str(getattr(props, "name", "") or "unknown GPU").strip()
+    if hip_version:
+        backend = "hip"
+        arch_full = str(getattr(props, "gcnArchName", "") or "")
+        arch = arch_full.split(":")[0].strip() or "gfx-unknown"
+        is_dcu = arch in DCU_ARCHS
+        vendor = "hygon" if is_dcu else "amd"
+        default_warp = 64
+    elif cuda_version or hasattr(props, "major"):
+        backend = "cuda"
+        arch = f"sm{int(getattr(props, 'major', 0))}{int(getattr(props, 'minor', 0))}"
+        is_dcu = False
+        vendor = "nvidia"
+        default_warp = 32
+    else:
+        raise TunerError("cannot tell the GPU backend: torch reports neither HIP nor CUDA")
+    warp = getattr(props, "warp_size", None)
+    return {
+        "backend": backend,
+        "vendor": vendor,
+        "name": name,
+        "arch": arch,
+        "warp_size": int(warp) if warp else default_warp,
+        "multiprocessors": int(getattr(props, "multi_processor_count", 0) or 0),
+        "l2_bytes": int(getattr(props, "L2_cache_size", 0) or 0),
+        "is_dcu": is_dcu,
+    }
+
+
+def _require_gpu():
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        raise TunerError("torch is not installed") from None
+    if not torch.cuda.is_available():
+        from .errors import NoGPUError
+
+        raise NoGPUError("no CUDA or ROCm GPU is visible to torch (torch.cuda.is_available() is "
+                         "False); use a spec profile (h100, h200, a100, mi300x) to screen without one")
+    return torch
+
+
+def versions() -> dict:
+    import platform
+
+    out = {"python": platform.python_version()}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        out["cuda"] = torch.version.cuda or ""
+        out["hip"] = getattr(torch.version, "hip", None) or ""
+    except ImportError:
+        pass
+    try:
+        import triton
+
+        out["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def detect(device: int | None = None) -> dict:
+    """Identity fields of the visible GPU (no measurement). Raises NoGPUError without one."""
+    torch = _require_gpu()
+    index = torch.cuda.current_device() if device is None else int(device)
+    props = torch.cuda.get_device_properties(index)
+    return detect_fields(props, getattr(torch.version, "hip", None), torch.version.cuda)
+
+
+def _time_events(torch, fn, repeats: int) -> list[float]:
+    """Seconds per call of fn, one CUDA-event pair per call, after one warm-up call."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return times
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def measure_read_bandwidth(buffer_bytes: int = 4 << 30, repeats: int = 20) -> dict:
+    """Read bandwidth in bytes/s: a read-only streaming Triton sum over a buffer far above L2
+    (one fp32 partial per program, wide loads), and torch's sum over the same buffer as a
+    cross-check. The profile takes the better of the two; both are reported."""
+    torch = _require_gpu()
+    free, _total = torch.cuda.mem_get_info()
+    buffer_bytes = int(min(buffer_bytes, free // 3))
+    block, steps = 4096, 8  # int32 elements per load step, steps per program
+    per_program = block * steps
+    elements = max(per_program, (buffer_bytes // 4) // per_program * per_program)
+    buf = torch.empty(elements, dtype=torch.int32, device="cuda").random_(-1000, 1000)
+    programs = elements // per_program
+    partial = torch.empty(programs, dtype=torch.int32, device="cuda")
+    kernel = stream_read_kernel()
+
+    def triton_read():
+        kernel[(programs,)](buf, partial, BLOCK=block, STEPS=steps, num_warps=8)
+
+    def torch_read():
+        buf.sum(dtype=torch.int64)
+
+    nbytes = buf.numel() * buf.element_size()
+    triton_s = _median(_time_events(torch, triton_read, repeats))
+    torch_s = _median(_time_events(torch, torch_read, repeats))
+    del buf, partial
+    torch.cuda.empty_cache()
+    triton_bw, torch_bw = nbytes / triton_s, nbytes / torch_s
+    return {"bytes_per_s": max(triton_bw, torch_bw), "buffer_bytes": nbytes,
+            "triton_stream_bytes_per_s": triton_bw, "torch_sum_bytes_per_s": torch_bw,
+            "method": "median of %d event-timed full reads" % repeats}
+
+
+_STREAM_KERNEL = None
+
+
+def stream_read_kernel():
+    """A read-only streaming kernel: each program sums STEPS blocks of BLOCK int32 values (an
+    integer sum, so the compiler cannot drop a load) and writes one int32."""
+    global _STREAM_KERNEL
+    if _STREAM_KERNEL is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def stream_read(src, dst, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+            pid = tl.program_id(0).to(tl.int64)
+            offs = tl.arange(0, BLOCK)
+            acc = tl.zeros([BLOCK], dtype=tl.int32)
+            base = src + pid * BLOCK * STEPS
+            for i in tl.static_range(STEPS):
+                acc += tl.load(base + i * BLOCK + offs, eviction_policy="evict_first")
+            tl.store(dst + pid, tl.sum(acc, axis=0))
+
+        _STREAM_KERNEL = stream_read
+    return _STREAM_KERNEL
+
+
+def measure_matmul_rate(size: int = 8192, repeats: int = 20) -> dict:
+    """Dense bf16 matmul rate (flop/s) of torch.matmul on random size x size x size operands."""
+    torch = _require_gpu()
+    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(size, size, device="cuda", dtype=torch.bfloat16)
+
+    def run():
+        torch.matmul(a, b, out=c)
+
+    for _ in range(3):
+        run()
+    seconds = _median(_time_events(torch, run, repeats))
+    del a, b, c
+    torch.cuda.empty_cache()
+    return {"flops_per_s": 2.0 * size**3 / seconds, "size": size,
+            "method": "median of %d event-timed torch.matmul bf16 %d^3" % (repeats, size)}
+
+
+def measure(device: int | None = None, buffer_bytes: int = 4 << 30,
+            matmul_size: int = 8192) -> DeviceProfile:
+    """Detect the visible GPU and measure its read bandwidth and bf16 matmul rate."""
+    import datetime
+
+    torch = _require_gpu()
+    if device is not None:
+        torch.cuda.set_device(int(device))
+    fields = detect(device)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    bandwidth = measure_read_bandwidth(buffer_bytes)
+    matmul = measure_matmul_rate(matmul_size)
+    info = versions()
+    info["gcn_arch_name"] = str(getattr(props, "gcnArchName", "") or "")
+    info["total_memory"] = int(getattr(props, "total_memory", 0) or 0)
+    return DeviceProfile(
+        **fields,
+        read_bandwidth_bytes_per_s=bandwidth["bytes_per_s"],
+        bf16_matmul_flops_per_s=matmul["flops_per_s"],
+        source="measured",
+        versions=info,
+        measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        notes={"read_bandwidth": bandwidth, "matmul": matmul},
+    )
+
+
+def find_saved_profile(directory: str | Path = DEVICES_DIR) -> DeviceProfile | None:
+    """The measured profile saved for the visible GPU, or None (no GPU, or none saved)."""
+    try:
+        fields = detect()
+    except TunerError:
+        return None
+    key = re.sub(r"[^a-z0-9]+", "-", fields["name"].lower()).strip("-")
+    path = Path(directory) / f"{key}.json"
+    return load_profile(path) if path.exists() else None
+
+
+def describe(profile: DeviceProfile) -> str:
+    """A short human-readable block for the CLI."""
+    lines = [
+        f"device     {profile.name}  ({profile.backend}, {profile.vendor}, {profile.arch}"
+        f"{', DCU' if profile.is_dcu else ''})",
+        f"layout     {profile.multiprocessors} multiprocessors, warp {profile.warp_size}, "
+        f"L2 {profile.l2_bytes / 2**20:.1f} MiB",
+        f"bandwidth  {profile.read_bandwidth_bytes_per_s / 1e12:.3f} TB/s read ({profile.source})",
+        f"matmul     {profile.bf16_matmul_flops_per_s / 1e12:.1f} TFLOP/s bf16 ({profile.source})",
+    ]
+    rb = profile.notes.get("read_bandwidth") if profile.notes else None
+    if rb:
+        lines.append(f"           triton stream {rb['triton_stream_bytes_per_s'] / 1e12:.3f} TB/s, "
+                     f"torch sum {rb['torch_sum_bytes_per_s'] / 1e12:.3f} TB/s over "
+                     f"{rb['buffer_bytes'] / 2**30:.2f} GiB")
+    if profile.versions:
+        shown = {k: v for k, v in profile.versions.items() if k in ("torch", "triton", "cuda", "hip")
+                 and v}
+        lines.append("versions   " + ", ".join(f"{k} {v}" for k, v in shown.items()))
+    if profile.measured_at:
+        lines.append(f"measured   {profile.measured_at}")
+    return "\n".join(lines)
