@@ -7,6 +7,7 @@ The H200 spec profile used below has read bandwidth 4.8e12 B/s and bf16 matmul 9
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -331,3 +332,71 @@ def test_budget_cli_empty_table_and_bad_rows(tmp_path, capsys):
     assert_one_line_error(code, err, "negative us_per_call")
     code, _, err = run_cli(capsys, "budget", str(tmp_path / "missing.parquet"), "--device", "h200")
     assert_one_line_error(code, err, "not found")
+
+
+def test_min_kernel_floor_by_hand():
+    # o_proj: bytes floor 0.3375 µs; with a 2.5 µs fixed floor: (5 - 2.5) x 24 = 60 µs per token
+    rows = table(gemm_row())
+    result = budget.compute(rows, H200, threshold=Threshold(us_per_token=40.0), min_kernel_us=2.5)
+    assert result.at[0, "floor_us"] == 2.5
+    assert result.at[0, "headroom_us_per_token"] == pytest.approx(60.0)
+    assert result.at[0, "verdict"] == "prune"  # 0.5 x 60 = 30 < 40 µs/token
+    # without the fixed floor: 0.5 x 111.9 = 55.95 >= 40 -> keep
+    assert budget.compute(rows, H200, threshold=Threshold(us_per_token=40.0)).at[0, "verdict"] == "keep"
+    with pytest.raises(TunerError, match="minimum kernel time"):
+        budget.compute(rows, H200, min_kernel_us=-1.0)
+
+
+# ------------------------------------------------------------------- the bundled example (measured)
+# shapes/examples/qwen25_05b_b4_decode.parquet: harvested from the H200 trace of Qwen2.5-0.5B-shaped
+# decode at batch 4 (eager, no CUDA graphs). Its decode step is 29957 µs wall but the GPU is busy only
+# 2198 µs of it (7.3%): launch-bound.
+EXAMPLE = shapetable.read(Path(__file__).resolve().parent.parent / "shapes" / "examples"
+                          / "qwen25_05b_b4_decode.parquet")
+
+
+def test_example_default_threshold_prunes_everything_and_says_launch_bound():
+    result = budget.compute(EXAMPLE, H200, threshold=budget.DEFAULT_THRESHOLD)
+    assert len(result) == len(EXAMPLE) and (result["verdict"] == "prune").all()
+    decode = result[result["phase"] == "decode"]
+    assert decode["launch_bound"].all()
+    assert decode["gpu_busy_share"].iloc[0] == pytest.approx(2198.104 / 29957.295, rel=1e-4)
+    # k/v projections (addmm m=4 n=128 k=896, 48 calls/step, 3.872 µs measured):
+    # bytes (4*896 + 896*128 + 4*128 + 128) * 2 = 237824 B -> 0.049547 µs floor;
+    # (3.872 - 0.049547) x 48 = 183.48 µs/token; / 29957.3 µs = 0.612%; x 0.5 = 0.306% < 0.5%
+    top = decode.iloc[0]
+    assert (top["op"], top["m"], top["n"], top["k"]) == ("aten::addmm", 4, 128, 896)
+    assert top["floor_us"] == pytest.approx(0.049547, rel=1e-4)
+    assert top["headroom_us_per_token"] == pytest.approx(183.48, rel=1e-4)
+    assert top["headroom_share"] == pytest.approx(0.006125, rel=1e-3)
+    # ... and the reason points at the GPU-busy time: 183.48 / 2198.1 = 8.35%
+    assert "launch-bound: 8.35% of GPU-busy time" in top["reason"]
+
+
+def test_example_graph_captured_keeps_the_decode_linears_only():
+    decode = EXAMPLE[EXAMPLE["phase"] == "decode"]
+    result = budget.compute(decode, H200, threshold=budget.DEFAULT_THRESHOLD, graph_captured=True)
+    kept = budget.surviving(result)
+    # the five decode linears (k/v, gate/up, down, q, o): 0.5 x headroom >= 0.5% of 2198 µs = 11 µs
+    assert sorted(zip(kept["op"], kept["n"], kept["k"])) == [
+        ("aten::addmm", 128, 896), ("aten::addmm", 896, 896), ("aten::mm", 896, 896),
+        ("aten::mm", 896, 4864), ("aten::mm", 4864, 896)]
+    pruned = result[result["verdict"] == "prune"]
+    # lm_head: floor 273491968 B / 4.8e12 = 56.98 µs against 65.248 µs measured: 8.27 µs/token,
+    # 0.376% of 2198 µs; x 0.5 = 0.188% < 0.5%.  Attention per kv_len: 4 calls x ~4.1 µs = 16.5 µs.
+    lm_head = pruned[pruned["n"] == 151936].iloc[0]
+    assert lm_head["floor_us"] == pytest.approx(56.977, rel=1e-4)
+    assert lm_head["headroom_share"] == pytest.approx(0.003763, rel=1e-3)
+    assert set(pruned["family"]) == {"gemm", "attention"} and len(pruned) == 8
+
+
+def test_example_through_the_cli(tmp_path, capsys):
+    out_path = tmp_path / "b.parquet"
+    code, out, _ = run_cli(capsys, "budget", str(Path(__file__).resolve().parent.parent / "shapes"
+                                                  / "examples" / "qwen25_05b_b4_decode.parquet"),
+                           "--device", "h200", "--phase", "decode", "--min-saving", "40us",
+                           "-o", str(out_path))
+    # 0.5 x headroom >= 40 µs/token: k/v 91.7, gate/up 71.4, down 61.8, q 51.2, o 47.4 -> 5 kept
+    assert code == 0 and "kept 5 of 13 shapes" in out
+    assert "decode: step 30 ms wall, GPU busy 2.2 ms (7.34%) -- launch-bound" in out
+    assert len(budget.surviving(budget.read(out_path))) == 5

@@ -269,7 +269,7 @@ def _check_table(table: pd.DataFrame) -> None:
 
 
 def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold = DEFAULT_THRESHOLD,
-            hit_rate: float = 1.0, graph_captured: bool = False,
+            hit_rate: float = 1.0, graph_captured: bool = False, min_kernel_us: float = 0.0,
             baseline_us: pd.Series | None = None) -> pd.DataFrame:
     """The budget of every row of a ShapeTable on `profile`.
 
@@ -280,6 +280,8 @@ def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold
 
     `graph_captured=True` compares with the GPU-busy time of the step (`step_gpu_us`, about what
     the step takes once CUDA-graph captured) instead of its wall time (`step_us`).
+    `min_kernel_us` adds a fixed per-call floor (the shortest time any kernel takes on the
+    device, launch to finish); 0 keeps the pure bytes/flops floor.
     `baseline_us` (aligned with `table`'s index; NaN = keep the trace's value) replaces the
     trace's `us_per_call`, e.g. with `measure_baselines`.
     """
@@ -287,11 +289,15 @@ def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold
     check_profile(profile)
     if not (math.isfinite(hit_rate) and 0 < hit_rate <= 1):
         raise TunerError(f"the hit rate must be in (0, 1], got {hit_rate!r}")
+    if not (math.isfinite(min_kernel_us) and min_kernel_us >= 0):
+        raise TunerError(f"the minimum kernel time must be >= 0 us, got {min_kernel_us!r}")
 
     rows = []
     for index, row in table.iterrows():
         nbytes, nflops, no_model = bytes_and_flops(row)
         floor = floor_us(nbytes, nflops, row["dtype"], profile) if not no_model else math.nan
+        if min_kernel_us > 0:
+            floor = max(floor, min_kernel_us) if math.isfinite(floor) else min_kernel_us
 
         baseline, baseline_source = float(row["us_per_call"]), "trace"
         if baseline_us is not None and index in baseline_us.index and pd.notna(baseline_us[index]):
@@ -314,6 +320,8 @@ def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold
         verdict, reason = _verdict(threshold, baseline=baseline, floor=floor, no_model=no_model,
                                    calls=calls, headroom_token=headroom_token, share=share,
                                    graph_captured=graph_captured)
+        if verdict == "prune" and launch_bound and not graph_captured and step_gpu > 0:
+            reason += f"; launch-bound: {_pct(headroom_token / step_gpu)} of GPU-busy time"
         rows.append({
             "bytes": nbytes, "flops": nflops, "floor_us": floor,
             "baseline_us": baseline, "baseline_source": baseline_source,
@@ -352,12 +360,12 @@ def _verdict(threshold: Threshold, *, baseline: float, floor: float, no_model: s
         if not math.isfinite(share):
             return "keep", f"not budgeted: no {step_word} time to take a share of"
         got, need = threshold.safety * share, threshold.share
-        text = (f"{threshold.safety:g} x headroom = {realistic:.3g} us/token = {_pct(got)} of the "
+        text = (f"{threshold.safety:g} x {headroom_token:.3g} us/token = {_pct(got)} of the "
                 f"{step_word}")
         target = f"{_pct(need)}"
     else:
         got, need = realistic, threshold.us_per_token
-        text = f"{threshold.safety:g} x headroom = {realistic:.3g} us/token"
+        text = f"{threshold.safety:g} x {headroom_token:.3g} us/token = {realistic:.3g} us/token"
         target = f"{need:g} us/token"
     if got >= need:
         return "keep", f"{text} >= {target}{floor_note}"
@@ -483,7 +491,8 @@ def format_table(budget: pd.DataFrame) -> str:
     lines = [header]
     for _, row in budget.iterrows():
         lines.append((
-            str(row["phase"]), str(row["op"]), describe_shape(row), str(row["dtype"]),
+            str(row["phase"]), str(row["op"]).removeprefix("aten::"), describe_shape(row),
+            str(row["dtype"]),
             _num(float(row["calls_per_step"])), _num(row["floor_us"]), _num(row["baseline_us"]),
             _num(row["headroom_us_per_call"]), _num(row["headroom_us_per_token"]),
             _pct(row["headroom_share"]), str(row["verdict"]), str(row["reason"]),

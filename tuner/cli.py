@@ -158,6 +158,9 @@ def _add_budget(sub) -> None:
     p.add_argument("--graph-captured", action="store_true",
                    help="compare with the step's GPU-busy time (the step under CUDA graphs) "
                    "instead of its wall time")
+    p.add_argument("--min-kernel-us", metavar="US", default="0",
+                   help="add a fixed floor per call: the shortest time any kernel takes on the "
+                   "device (default 0: bytes/flops floor only)")
     p.add_argument("--measure", action="store_true",
                    help="re-measure the baseline us per call on this machine's GPU")
     p.add_argument("-o", "--output", metavar="PATH",
@@ -211,6 +214,8 @@ def cmd_budget(args) -> int:
     threshold = budget.parse_threshold(args.min_saving,
                                        safety=budget.parse_positive(args.safety, "--safety"))
     hit_rate = budget.parse_positive(args.hit_rate, "--hit-rate")
+    min_kernel_us = 0.0 if args.min_kernel_us in ("0", "0.0") else budget.parse_positive(
+        args.min_kernel_us, "--min-kernel-us")
     table = shapetable.read(args.shapes)
     if len(table) == 0:
         raise TunerError(f"{args.shapes} has no rows: nothing to budget")
@@ -223,7 +228,8 @@ def cmd_budget(args) -> int:
     profile, where = _budget_profile(args, table)
     measured = budget.measure_baselines(table) if args.measure else None
     result = budget.compute(table, profile, threshold=threshold, hit_rate=hit_rate,
-                            graph_captured=args.graph_captured, baseline_us=measured)
+                            graph_captured=args.graph_captured, min_kernel_us=min_kernel_us,
+                            baseline_us=measured)
 
     label = {"spec": "published datasheet peaks, not measured",
              "given": "rates given on the command line"}.get(profile.source, profile.source)
@@ -368,7 +374,7 @@ def cmd_rank(args) -> int:
         raise TunerError(f"--top must be at least 1, got {args.top}")
     device = args.device
     if device is None:
-        rank._require_gpu()
+        rank._require_gpu()  # the default device is this machine's GPU
         device = (current_identity() or {}).get("key")
     table = rank.rank(args.storage, family=args.family, device=device, top=args.top,
                       parity_mode=args.parity, min_speedup=args.min_speedup,
