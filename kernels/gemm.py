@@ -254,25 +254,37 @@ def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch
     return out
 
 
+def _pow2_at_least(x: int) -> int:
+    return 1 << (max(int(x), 1) - 1).bit_length()
+
+
 def default_config(shape: dict, backend: str = "cuda") -> dict:
-    """A reasonable untuned config: big tiles for big m, narrow tiles (and split K) for small m."""
+    """A reasonable untuned config: big tiles for big m, narrow tiles (and split K) for small m.
+
+    It satisfies the constraints of search_spaces/gemm.yaml for the backend (tested).
+    """
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
+    hip = backend in ("hip", "dcu")
     if m >= 256:
-        config = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1,
-                  "num_warps": 8, "num_stages": 3}
+        block_m, block_n, block_k, warps = 128, 128, (32 if hip else 64), 8
     else:
-        block_m = max(16, min(64, 1 << (max(m, 1) - 1).bit_length()))
-        tiles = triton.cdiv(m, block_m) * triton.cdiv(n, 64) * _batch(shape)
-        split_k = 1
-        while tiles * split_k < 128 and split_k < 8 and k >= 64 * 8 * split_k * 2:
-            split_k *= 2
-        config = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8,
-                  "SPLIT_K": split_k, "num_warps": 4, "num_stages": 3}
-    if backend in ("hip", "dcu"):
-        # 64 KB LDS: keep num_stages * (BM*BK + BK*BN) * 2 bytes within it.
-        config["num_stages"] = 2
-        if m >= 256:
-            config["BLOCK_K"] = 32
+        block_m, block_n, block_k, warps = max(16, min(64, _pow2_at_least(m))), 64, 128, 4
+        if hip:
+            block_k = 64
+    block_n = min(block_n, max(32, _pow2_at_least(n)))
+    block_k = min(block_k, max(32, _pow2_at_least(k)))
+    if block_m * block_n < 8192:
+        warps = 4
+    tiles_m, tiles_n = triton.cdiv(m, block_m), triton.cdiv(n, block_n)
+    split_k = 1
+    # Small output grids: split K until there are ~128 programs, keeping >= 4 K tiles per split.
+    while (tiles_m * tiles_n * _batch(shape) * split_k < 128 and split_k < 8
+           and tiles_m * tiles_n < 256 and triton.cdiv(k, block_k) >= 4 * split_k * 2):
+        split_k *= 2
+    config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
+              "GROUP_M": 8 if tiles_m > 8 else 1, "SPLIT_K": split_k,
+              "num_warps": warps, "num_stages": 2 if hip else 3}
+    if hip:
         config.update({"waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1})
     return config
 

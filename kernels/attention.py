@@ -1,0 +1,338 @@
+"""Decode attention family: one new query token per sequence over a KV cache, with GQA.
+
+q ``[batch, heads, head_dim]``, k / v cache ``[batch, kv_heads, kv_len, head_dim]`` (contiguous),
+out ``[batch, heads, head_dim]``; query head h reads KV head ``h // (heads // kv_heads)``.
+
+Head stacking: the HEADS_PER_BLOCK query heads that share one KV head go into the M dimension of
+one ``tl.dot`` (padded to BLOCK_H = max(16, next power of two), as tl.dot needs M >= 16), so a
+K / V tile is read once per KV head and HEADS_PER_BLOCK query heads, not once per query head.
+HEADS_PER_BLOCK = 1 is plain per-head decode (each program reads the whole KV of its head).
+
+SPLIT_KV (flash-decoding): the KV length is cut into SPLIT_KV partitions handled by separate
+programs, each writing fp32 partials (running max m, sum l, unnormalised acc); a second kernel
+combines them in a fixed order, so results are deterministic.
+
+Parameters (search_spaces/attention.yaml): HEADS_PER_BLOCK, BLOCK_N (KV tile), SPLIT_KV,
+num_warps, num_stages; on hip also waves_per_eu, matrix_instr_nonkdim.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import KernelFamily, format_shape_key
+from kernels.gemm import DTYPES, _get, fix_interpreter
+
+HIP_KNOBS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+LOG2E = 1.4426950408889634
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    fix_interpreter()
+
+
+@triton.jit
+def decode_attention_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, m_ptr, l_ptr,
+    kv_len, group, tiles_per_split, qk_scale,
+    stride_qb, stride_qh,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_os,
+    stride_mb, stride_mh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEADS_PER_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT_KV: tl.constexpr,
+):
+    """grid = (heads // HEADS_PER_BLOCK, batch, number of KV splits).
+
+    SPLIT_KV == 1: o is the output [batch, heads, head_dim]. Otherwise o is the fp32 partial acc
+    [batch, heads, SPLIT_KV, head_dim] and m / l the fp32 [batch, heads, SPLIT_KV] max and sum.
+    """
+    head_block = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+
+    first_head = head_block * HEADS_PER_BLOCK
+    kv_head = first_head // group
+    offs_h = tl.arange(0, BLOCK_H)
+    heads = first_head + offs_h
+    mask_h = offs_h < HEADS_PER_BLOCK
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    k_base = k_ptr + b * stride_kb + kv_head * stride_kh
+    v_base = v_ptr + b * stride_vb + kv_head * stride_vh
+
+    m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+
+    n_start = split * tiles_per_split * BLOCK_N
+    for i in range(0, tiles_per_split):
+        offs_n = n_start + i * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < kv_len
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_H, BLOCK_N], log2 domain
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked tile
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    out_mask = mask_h[:, None] & mask_d[None, :]
+    if SPLIT_KV == 1:
+        out = acc / l_i[:, None]
+        tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
+                 + offs_d[None, :], acc, mask=out_mask)
+        tl.store(m_ptr + b * stride_mb + heads * stride_mh + split, m_i, mask=mask_h)
+        tl.store(l_ptr + b * stride_mb + heads * stride_mh + split, l_i, mask=mask_h)
+
+
+@triton.jit
+def combine_kernel(
+    acc_ptr, m_ptr, l_ptr, o_ptr, num_splits,
+    stride_ab, stride_ah, stride_as,
+    stride_mb, stride_mh,
+    stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """out[b, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, M = max_s m_s. grid = (heads, batch)."""
+    h = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < num_splits
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    m = tl.load(m_ptr + b * stride_mb + h * stride_mh + offs_s, mask=mask_s, other=float("-inf"))
+    l = tl.load(l_ptr + b * stride_mb + h * stride_mh + offs_s, mask=mask_s, other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.where(mask_s, tl.exp2(m - m_max), 0.0)
+    acc = tl.load(acc_ptr + b * stride_ab + h * stride_ah + offs_s[:, None] * stride_as + offs_d[None, :],
+                  mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty), mask=mask_d)
+
+
+# ----------------------------------------------------------------------------------------------
+# Shapes and inputs
+
+
+def _dtype(shape: dict) -> torch.dtype:
+    name = shape.get("dtype", "bfloat16")
+    if name not in DTYPES:
+        raise ValueError(f"attention supports {', '.join(DTYPES)}, not {name!r}")
+    return DTYPES[name]
+
+
+def _dims(shape: dict) -> tuple[int, int, int, int, int]:
+    return (int(shape["batch"]), int(shape["heads"]), int(shape["kv_heads"]),
+            int(shape["kv_len"]), int(shape["head_dim"]))
+
+
+def _pow2_at_least(x: int) -> int:
+    return 1 << (max(int(x), 1) - 1).bit_length()
+
+
+def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
+    """q [batch, heads, head_dim], k / v [batch, kv_heads, kv_len, head_dim], standard normal."""
+    batch, heads, kv_heads, kv_len, head_dim = _dims(shape)
+    if heads % kv_heads:
+        raise ValueError(f"attention: heads {heads} is not a multiple of kv_heads {kv_heads}")
+    dtype = _dtype(shape)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def randn(*dims):
+        return torch.randn(*dims, generator=gen, dtype=torch.float32).to(dtype=dtype, device=device)
+
+    return {"q": randn(batch, heads, head_dim),
+            "k": randn(batch, kv_heads, kv_len, head_dim),
+            "v": randn(batch, kv_heads, kv_len, head_dim)}
+
+
+def _backend(t: torch.Tensor) -> str:
+    if t.device.type != "cuda":
+        return "cpu"
+    return "hip" if torch.version.hip else "cuda"
+
+
+def _launch_options(config: dict, backend: str) -> dict:
+    opts = {"num_warps": int(config.get("num_warps", 4)), "num_stages": int(config.get("num_stages", 2))}
+    if backend == "hip":
+        for knob in HIP_KNOBS:
+            if knob in config:
+                opts[knob] = int(config[knob])
+    return opts
+
+
+def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    batch, heads, head_dim = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    if k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
+    if heads % kv_heads or kv_len < 1:
+        raise ValueError(f"attention: heads {heads}, kv_heads {kv_heads}, kv_len {kv_len}")
+    group = heads // kv_heads
+    heads_per_block = int(config["HEADS_PER_BLOCK"])
+    if group % heads_per_block:
+        raise ValueError(f"attention: HEADS_PER_BLOCK {heads_per_block} must divide heads/kv_heads = {group}")
+    block_n, split_kv = int(config["BLOCK_N"]), int(config.get("SPLIT_KV", 1))
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    if k.stride(3) != 1 or v.stride(3) != 1:
+        raise ValueError("attention: k and v must be contiguous in head_dim")
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    elif tuple(out.shape) != tuple(q.shape) or out.stride(2) != 1:
+        raise ValueError(f"attention: out must be a {tuple(q.shape)} tensor, contiguous in head_dim")
+
+    total_tiles = triton.cdiv(kv_len, block_n)
+    tiles_per_split = triton.cdiv(total_tiles, split_kv)
+    num_splits = triton.cdiv(total_tiles, tiles_per_split)  # every launched split has KV to read
+    block_d = _pow2_at_least(head_dim)
+    block_h = max(16, _pow2_at_least(heads_per_block))
+    qk_scale = LOG2E / math.sqrt(head_dim)
+    opts = _launch_options(config, _backend(q))
+    grid = (heads // heads_per_block, batch, num_splits)
+    meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HEADS_PER_BLOCK=heads_per_block, BLOCK_H=block_h,
+                BLOCK_N=block_n)
+
+    if split_kv == 1:
+        decode_attention_kernel[grid](
+            q, k, v, out, out, out,
+            kv_len, group, tiles_per_split, qk_scale,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), 0, 0, 0,
+            SPLIT_KV=1, **meta, **opts,
+        )
+        return out
+
+    part_acc = torch.empty((batch, heads, split_kv, head_dim), device=q.device, dtype=torch.float32)
+    part_m = torch.empty((batch, heads, split_kv), device=q.device, dtype=torch.float32)
+    part_l = torch.empty((batch, heads, split_kv), device=q.device, dtype=torch.float32)
+    decode_attention_kernel[grid](
+        q, k, v, part_acc, part_m, part_l,
+        kv_len, group, tiles_per_split, qk_scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        part_acc.stride(0), part_acc.stride(1), part_acc.stride(2), part_m.stride(0), part_m.stride(1),
+        SPLIT_KV=split_kv, **meta, **opts,
+    )
+    combine_kernel[(heads, batch)](
+        part_acc, part_m, part_l, out, num_splits,
+        part_acc.stride(0), part_acc.stride(1), part_acc.stride(2), part_m.stride(0), part_m.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=_pow2_at_least(split_kv), num_warps=4,
+    )
+    return out
+
+
+def _largest_divisor_at_most(x: int, limit: int) -> int:
+    return max(d for d in range(1, min(x, limit) + 1) if x % d == 0)
+
+
+def default_config(shape: dict, backend: str = "cuda") -> dict:
+    """Stack all query heads of a KV head (up to 64), then split KV until ~2 programs per SM."""
+    batch, heads, kv_heads, kv_len, head_dim = _dims(shape)
+    group = heads // kv_heads
+    heads_per_block = _largest_divisor_at_most(group, 64)
+    block_n = 64 if head_dim <= 128 else 32
+    block_n = min(block_n, max(16, _pow2_at_least(kv_len)))
+    programs = batch * (heads // heads_per_block)
+    split_kv = 1
+    while programs * split_kv < 256 and split_kv < 64 and triton.cdiv(kv_len, block_n) >= 4 * split_kv:
+        split_kv *= 2
+    hip = backend in ("hip", "dcu")
+    config = {"HEADS_PER_BLOCK": heads_per_block, "BLOCK_N": block_n, "SPLIT_KV": split_kv,
+              "num_warps": 4, "num_stages": 2 if hip else 3}
+    if hip:
+        config.update({"waves_per_eu": 0, "matrix_instr_nonkdim": 16})
+    return config
+
+
+def baseline(inputs: dict) -> torch.Tensor:
+    """torch's scaled_dot_product_attention (its default backend choice) with enable_gqa."""
+    q = inputs["q"].unsqueeze(2)
+    out = torch.nn.functional.scaled_dot_product_attention(q, inputs["k"], inputs["v"], enable_gqa=True)
+    return out.squeeze(2)
+
+
+def reference(inputs: dict) -> torch.Tensor:
+    """fp32 softmax(q kᵀ / sqrt(d)) v, KV heads repeated for their query heads."""
+    q, k, v = inputs["q"].float(), inputs["k"].float(), inputs["v"].float()
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("bhd,bhnd->bhn", q, k) / math.sqrt(q.shape[-1])
+    return torch.einsum("bhn,bhnd->bhd", torch.softmax(scores, dim=-1), v)
+
+
+def bytes_moved(shape: dict) -> int:
+    batch, heads, kv_heads, kv_len, head_dim = _dims(shape)
+    elem = torch.empty((), dtype=_dtype(shape)).element_size()
+    return (2 * batch * heads * head_dim + 2 * batch * kv_heads * kv_len * head_dim) * elem
+
+
+def kv_bytes(shape: dict) -> int:
+    """Bytes of the K and V cache alone (what a decode step must read)."""
+    batch, _, kv_heads, kv_len, head_dim = _dims(shape)
+    return 2 * batch * kv_heads * kv_len * head_dim * torch.empty((), dtype=_dtype(shape)).element_size()
+
+
+def flops(shape: dict) -> int:
+    batch, heads, _, kv_len, head_dim = _dims(shape)
+    return 4 * batch * heads * kv_len * head_dim
+
+
+def shape_from_row(row) -> dict | None:
+    """Attention rows with q_len == 1 (decode) and all of heads, kv_heads, kv_len, head_dim known."""
+    if _get(row, "family") != "attention":
+        return None
+    dtype = _get(row, "dtype")
+    if dtype not in DTYPES:
+        return None
+    values = {key: _get(row, key) for key in ("q_len", "heads", "kv_heads", "kv_len", "head_dim")}
+    if any(value is None for value in values.values()) or int(values["q_len"]) != 1:
+        return None
+    batch = int(_get(row, "batch", 1) or 1)
+    heads, kv_heads = int(values["heads"]), int(values["kv_heads"])
+    if kv_heads <= 0 or heads % kv_heads or int(values["kv_len"]) <= 0:
+        return None
+    return {"batch": batch, "heads": heads, "kv_heads": kv_heads, "kv_len": int(values["kv_len"]),
+            "head_dim": int(values["head_dim"]), "dtype": dtype}
+
+
+def shape_key(shape: dict) -> str:
+    return format_shape_key(shape, ("batch", "heads", "kv_heads", "kv_len", "head_dim", "dtype"))
+
+
+FAMILY = KernelFamily(
+    name="attention",
+    make_inputs=make_inputs,
+    launch=launch,
+    default_config=default_config,
+    baseline=baseline,
+    reference=reference,
+    bytes_moved=bytes_moved,
+    flops=flops,
+    shape_from_row=shape_from_row,
+    shape_key=shape_key,
+    source_files=(Path(__file__).resolve(),),
+)
