@@ -676,7 +676,7 @@ def union_length(intervals: list) -> float:
     if not intervals:
         return 0.0
     total = 0.0
-    cur_s, cur_e = None, None
+    cur_s = cur_e = None
     for s, e in sorted(intervals):
         if cur_e is None or s > cur_e:
             if cur_e is not None:
@@ -876,7 +876,8 @@ def read_trace(path, steps: int | None = None) -> TraceData:
         j = _step_of(starts, step_list, launch_ts)
         if j >= 0:
             st = step_list[j]
-            st.intervals.append((ts, ts + dur))
+            # relative to the step start: absolute times (~1e12 us) would cost precision
+            st.intervals.append((ts - st.start, ts - st.start + dur))
             if ts + dur > st.gpu_end:
                 st.gpu_end = ts + dur
 
@@ -1107,7 +1108,7 @@ def live(target: str, steps: int, output=None, *, save_trace=None, phase: str | 
     """Run CALLABLE `steps` times under torch.profiler (record_shapes on, one profiler step per
     call), export the trace and harvest it."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
     if steps is None or steps < 1:
         raise TunerError("--live needs --steps N (N >= 1): how many calls to profile")
@@ -1119,12 +1120,15 @@ def live(target: str, steps: int, output=None, *, save_trace=None, phase: str | 
     tmpdir = tempfile.mkdtemp(prefix="tuner_live_")
     try:
         raw = Path(tmpdir) / "live.pt.trace.json"
-        with profile(activities=activities, record_shapes=True) as prof:
-            for _ in range(steps):
+        # A schedule makes the profiler record ProfilerStep#N markers; this one records always.
+        with profile(activities=activities, record_shapes=True,
+                     schedule=lambda step: ProfilerAction.RECORD) as prof:
+            for i in range(steps):
+                if i:
+                    prof.step()     # closes ProfilerStep#(i-1), opens ProfilerStep#i
                 fn()
                 if gpu:
                     torch.cuda.synchronize()
-                prof.step()
         prof.export_chrome_trace(str(raw))
         trace = raw
         if save_trace:
