@@ -27,9 +27,8 @@ import triton
 import triton.language as tl
 
 from kernels import KernelFamily, format_shape_key
-from kernels.gemm import DTYPES, _get, fix_interpreter
+from kernels.gemm import DTYPES, KernelCall, _get, fix_interpreter, launch_options, tensor_backend
 
-HIP_KNOBS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 LOG2E = 1.4426950408889634
 
 if os.environ.get("TRITON_INTERPRET") == "1":
@@ -159,6 +158,8 @@ def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
     def randn(*dims):
+        if torch.device(device).type == "meta":  # shapes and strides only (compile checks)
+            return torch.empty(*dims, dtype=dtype, device="meta")
         return torch.randn(*dims, generator=gen, dtype=torch.float32).to(dtype=dtype, device=device)
 
     return {"q": randn(batch, heads, head_dim),
@@ -166,22 +167,9 @@ def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
             "v": randn(batch, kv_heads, kv_len, head_dim)}
 
 
-def _backend(t: torch.Tensor) -> str:
-    if t.device.type != "cuda":
-        return "cpu"
-    return "hip" if torch.version.hip else "cuda"
-
-
-def _launch_options(config: dict, backend: str) -> dict:
-    opts = {"num_warps": int(config.get("num_warps", 4)), "num_stages": int(config.get("num_stages", 2))}
-    if backend == "hip":
-        for knob in HIP_KNOBS:
-            if knob in config:
-                opts[knob] = int(config[knob])
-    return opts
-
-
-def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
+                backend: str | None = None) -> tuple[torch.Tensor, list[KernelCall]]:
+    """The output tensor and the kernel calls that compute it (no launch); works on 'meta' tensors."""
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     batch, heads, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
@@ -199,7 +187,7 @@ def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch
     if k.stride(3) != 1 or v.stride(3) != 1:
         raise ValueError("attention: k and v must be contiguous in head_dim")
     if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     elif tuple(out.shape) != tuple(q.shape) or out.stride(2) != 1:
         raise ValueError(f"attention: out must be a {tuple(q.shape)} tensor, contiguous in head_dim")
 
@@ -207,40 +195,36 @@ def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch
     tiles_per_split = triton.cdiv(total_tiles, split_kv)
     num_splits = triton.cdiv(total_tiles, tiles_per_split)  # every launched split has KV to read
     block_d = _pow2_at_least(head_dim)
-    block_h = max(16, _pow2_at_least(heads_per_block))
     qk_scale = LOG2E / math.sqrt(head_dim)
-    opts = _launch_options(config, _backend(q))
+    opts = launch_options(config, backend or tensor_backend(q))
     grid = (heads // heads_per_block, batch, num_splits)
-    meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HEADS_PER_BLOCK=heads_per_block, BLOCK_H=block_h,
-                BLOCK_N=block_n)
+    meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HEADS_PER_BLOCK=heads_per_block,
+                BLOCK_H=max(16, _pow2_at_least(heads_per_block)), BLOCK_N=block_n, SPLIT_KV=split_kv)
+    qkv = (kv_len, group, tiles_per_split, qk_scale, q.stride(0), q.stride(1),
+           k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
 
     if split_kv == 1:
-        decode_attention_kernel[grid](
-            q, k, v, out, out, out,
-            kv_len, group, tiles_per_split, qk_scale,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), 0, 0, 0,
-            SPLIT_KV=1, **meta, **opts,
-        )
-        return out
+        args = (q, k, v, out, out, out, *qkv, out.stride(0), out.stride(1), 0, 0, 0)
+        return out, [KernelCall(decode_attention_kernel, grid, args, meta, opts)]
 
     part_acc = torch.empty((batch, heads, split_kv, head_dim), device=q.device, dtype=torch.float32)
     part_m = torch.empty((batch, heads, split_kv), device=q.device, dtype=torch.float32)
     part_l = torch.empty((batch, heads, split_kv), device=q.device, dtype=torch.float32)
-    decode_attention_kernel[grid](
-        q, k, v, part_acc, part_m, part_l,
-        kv_len, group, tiles_per_split, qk_scale,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        part_acc.stride(0), part_acc.stride(1), part_acc.stride(2), part_m.stride(0), part_m.stride(1),
-        SPLIT_KV=split_kv, **meta, **opts,
-    )
-    combine_kernel[(heads, batch)](
-        part_acc, part_m, part_l, out, num_splits,
-        part_acc.stride(0), part_acc.stride(1), part_acc.stride(2), part_m.stride(0), part_m.stride(1),
-        out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=_pow2_at_least(split_kv), num_warps=4,
-    )
+    acc_strides = (part_acc.stride(0), part_acc.stride(1), part_acc.stride(2))
+    ml_strides = (part_m.stride(0), part_m.stride(1))
+    args = (q, k, v, part_acc, part_m, part_l, *qkv, *acc_strides, *ml_strides)
+    combine_args = (part_acc, part_m, part_l, out, num_splits, *acc_strides, *ml_strides,
+                    out.stride(0), out.stride(1))
+    combine = KernelCall(combine_kernel, (heads, batch), combine_args,
+                         dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=_pow2_at_least(split_kv)),
+                         {"num_warps": 4})
+    return out, [KernelCall(decode_attention_kernel, grid, args, meta, opts), combine]
+
+
+def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    out, calls = launch_plan(inputs, config, out)
+    for call in calls:
+        call.run()
     return out
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -157,6 +158,102 @@ def splitk_reduce_kernel(ws_ptr, c_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.con
 
 
 # ----------------------------------------------------------------------------------------------
+# Compile checks for real GPU targets on a CPU-only host
+
+
+@dataclass
+class CompileReport:
+    """Resource figures of one compiled kernel (from ptxas / the AMDGCN metadata)."""
+
+    kernel: str
+    target: str
+    n_regs: int  # registers per thread (CUDA) / VGPRs incl. AGPRs per lane (AMD)
+    n_spills: int  # spill stores in bytes (CUDA) / spilled VGPRs + SGPRs (AMD)
+    shared: int  # shared memory / LDS bytes per block as Triton allocated it
+
+
+_TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def compile_call(call: KernelCall, target) -> CompileReport:
+    """Compile one planned call for ``target`` (a triton GPUTarget) without a GPU.
+
+    Argument specialisation follows Triton's JIT launcher: integers equal to 1 become constants,
+    pointers and integers divisible by 16 get the divisibility hint, and on hip pointers to
+    tensors under 2 GB get the 32-bit range hint. Use meta tensors in the plan.
+    """
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    kernel = call.kernel
+    if not isinstance(kernel, JITFunction):  # an InterpretedFunction under TRITON_INTERPRET=1
+        kernel = JITFunction(kernel.fn)
+    hip = target.backend == "hip"
+    signature, constexprs, attrs = {}, {}, {}
+    positional = list(call.args)
+    for index, name in enumerate(kernel.arg_names):
+        if name in call.constexprs:
+            signature[name], constexprs[name] = "constexpr", call.constexprs[name]
+            continue
+        value = positional.pop(0)
+        if isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TORCH_TO_TRITON[value.dtype]
+            attrs[(index,)] = [["tt.divisibility", 16]]
+            if hip and value.numel() * value.element_size() < 2**31:
+                attrs[(index,)].append(["tt.pointer_range", 32])
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            if value == 1:
+                signature[name], constexprs[name] = "constexpr", 1
+                continue
+            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            if value % 16 == 0:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"compile_call: cannot type argument {name}={value!r}")
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                              options=dict(call.options))
+    shared = int(compiled.metadata.shared)
+    if hip:
+        asm = compiled.asm["amdgcn"]
+
+        def field(key):
+            found = re.search(rf"{re.escape(key)}\s*(\d+)", asm)
+            return int(found.group(1)) if found else 0
+
+        return CompileReport(kernel.__name__, f"hip:{target.arch}", field("; TotalNumVgprs:") or
+                             field(".vgpr_count:"), field(".vgpr_spill_count:") + field(".sgpr_spill_count:"),
+                             max(shared, field(".group_segment_fixed_size:")))
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx_path = Path(tmp) / "k.ptx"
+        ptx_path.write_text(compiled.asm["ptx"])
+        arch = f"sm_{target.arch}a" if target.arch >= 90 else f"sm_{target.arch}"
+        log = subprocess.run([get_ptxas(target.arch).path, "-v", f"--gpu-name={arch}", str(ptx_path),
+                              "-o", str(Path(tmp) / "k.cubin")], capture_output=True, text=True, check=True)
+    regs = re.search(r"Used (\d+) registers", log.stderr)
+    spills = re.search(r"(\d+) bytes spill stores", log.stderr)
+    return CompileReport(kernel.__name__, f"cuda:{target.arch}", int(regs.group(1)) if regs else 0,
+                         int(spills.group(1)) if spills else 0, shared)
+
+
+def compile_config(family_module, shape: dict, config: dict, target) -> list[CompileReport]:
+    """Compile every kernel a config launches for ``shape`` on ``target`` (CPU only, meta tensors)."""
+    inputs = family_module.make_inputs(shape, "meta")
+    backend = "hip" if target.backend == "hip" else "cuda"
+    _, calls = family_module.launch_plan(inputs, config, backend=backend)
+    return [compile_call(call, target) for call in calls]
+
+
+# ----------------------------------------------------------------------------------------------
 # Shapes and inputs
 
 
@@ -183,6 +280,8 @@ def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
     def rand(dims, scale):
+        if torch.device(device).type == "meta":  # shapes and strides only (compile checks)
+            return torch.empty(*lead, *dims, dtype=dtype, device="meta")
         # Uniform in [-scale, scale), drawn on CPU so every device sees the same numbers.
         t = (torch.rand(*lead, *dims, generator=gen, dtype=torch.float32) * 2 - 1) * scale
         return t.to(dtype=dtype, device=device)
@@ -200,22 +299,43 @@ def _shape_of(inputs: dict) -> tuple[int, int, int, int]:
     return batch, a.shape[-2], b.shape[-1], a.shape[-1]
 
 
-def _backend(t: torch.Tensor) -> str:
+@dataclass
+class KernelCall:
+    """One kernel launch of a plan: ``kernel[grid](*args, **constexprs, **options)``."""
+
+    kernel: object
+    grid: tuple
+    args: tuple
+    constexprs: dict
+    options: dict
+
+    def run(self) -> None:
+        self.kernel[self.grid](*self.args, **self.constexprs, **self.options)
+
+
+def tensor_backend(t: torch.Tensor) -> str:
+    """'cuda' or 'hip' for a GPU tensor (torch.version.hip tells ROCm apart), else 'cpu'."""
     if t.device.type != "cuda":
         return "cpu"
     return "hip" if torch.version.hip else "cuda"
 
 
-def _launch_options(config: dict, backend: str) -> dict:
+def launch_options(config: dict, backend: str) -> dict:
+    """num_warps / num_stages, plus the AMD-only knobs on hip (CUDA's launcher rejects them)."""
     opts = {"num_warps": int(config.get("num_warps", 4)), "num_stages": int(config.get("num_stages", 2))}
-    if backend == "hip":
+    if backend in ("hip", "dcu"):
         for knob in HIP_KNOBS:
             if knob in config:
                 opts[knob] = int(config[knob])
     return opts
 
 
-def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
+                backend: str | None = None) -> tuple[torch.Tensor, list[KernelCall]]:
+    """The output tensor and the kernel calls that compute it (no launch).
+
+    Works on 'meta' tensors too, which is how tests compile a config for a GPU target on CPU.
+    """
     a, b = inputs["a"], inputs["b"]
     batch, m, n, k = _shape_of(inputs)
     if b.shape[-2] != k:
@@ -228,29 +348,29 @@ def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch
 
     block_m, block_n, block_k = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["BLOCK_K"])
     group_m, split_k = int(config.get("GROUP_M", 8)), int(config.get("SPLIT_K", 1))
-    opts = _launch_options(config, _backend(a))
+    opts = launch_options(config, backend or tensor_backend(a))
     sab, sam, sak = (a.stride(0), a.stride(1), a.stride(2)) if a.dim() == 3 else (0, a.stride(0), a.stride(1))
     sbb, sbk, sbn = (b.stride(0), b.stride(1), b.stride(2)) if b.dim() == 3 else (0, b.stride(0), b.stride(1))
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), split_k, batch)
-    even_k = k % block_k == 0
+    meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, SPLIT_K=split_k,
+                EVEN_K=k % block_k == 0)
 
     if split_k == 1:
-        gemm_kernel[grid](
-            a, b, out, m, n, k, sab, sam, sak, sbb, sbk, sbn, m * n, 0, n, 1,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, SPLIT_K=1,
-            EVEN_K=even_k, **opts,
-        )
-        return out
+        args = (a, b, out, m, n, k, sab, sam, sak, sbb, sbk, sbn, m * n, 0, n, 1)
+        return out, [KernelCall(gemm_kernel, grid, args, meta, opts)]
 
     workspace = torch.empty((batch * split_k, m, n), device=a.device, dtype=torch.float32)
-    gemm_kernel[grid](
-        a, b, workspace, m, n, k, sab, sam, sak, sbb, sbk, sbn, split_k * m * n, m * n, n, 1,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, SPLIT_K=split_k,
-        EVEN_K=even_k, **opts,
-    )
-    splitk_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK), batch)](
-        workspace, out, m * n, SPLIT_K=split_k, BLOCK=REDUCE_BLOCK, num_warps=4,
-    )
+    args = (a, b, workspace, m, n, k, sab, sam, sak, sbb, sbk, sbn, split_k * m * n, m * n, n, 1)
+    reduce = KernelCall(splitk_reduce_kernel, (triton.cdiv(m * n, REDUCE_BLOCK), batch),
+                        (workspace, out, m * n), dict(SPLIT_K=split_k, BLOCK=REDUCE_BLOCK),
+                        {"num_warps": 4})
+    return out, [KernelCall(gemm_kernel, grid, args, meta, opts), reduce]
+
+
+def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    out, calls = launch_plan(inputs, config, out)
+    for call in calls:
+        call.run()
     return out
 
 
