@@ -1,0 +1,346 @@
+"""Timing: the DESIGN.md protocol as a small API.
+
+For one callable (the baseline, the default config or a candidate config of a kernel family):
+
+1. Input sets. ``cache="cold"`` makes enough independent input sets that their bytes exceed twice
+   the L2 size (so each call reads its weights from HBM, as in a real decode step, where the other
+   layers' weights have evicted them); ``cache="warm"`` uses one set.
+2. Warm-up: every set is run eagerly once (compiles the kernel, loads cuBLAS heuristics), then a
+   short eager loop estimates the time per call.
+3. A CUDA graph captures ``calls`` consecutive calls cycling through the sets (enough calls that one
+   replay lasts about ``target_graph_us``, a multiple of the number of sets; on ROCm at most ~1000
+   launches per graph, counting two launches per call).
+4. ``groups`` groups of ``replays`` replays, each replay timed with a pair of device events; the
+   time per call of a replay is its event time / calls. Each group gives a median; the result is
+   the median of the group medians, and the spread is (max - min) / 2 of the group medians as a
+   percentage of that median.
+
+A paired comparison builds both graphs on the same input sets and alternates their groups in one
+process (which one goes first alternates too), so drift in clocks or temperature hits both. The
+speedup is the median of the per-group ratios reference / candidate, with a 95% bootstrap
+confidence interval of that median. `aa_noise` runs the same config against itself (two graphs)
+and so measures the protocol's noise.
+
+Anything that fails to compile or launch raises `CandidateFailure(reason)`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from .errors import TunerError
+
+DEFAULT_GROUPS = 10
+DEFAULT_REPLAYS = 10
+TARGET_GRAPH_US = 1000.0
+MAX_CALLS_PER_GRAPH = 2000
+HIP_MAX_LAUNCHES_PER_GRAPH = 1000
+LAUNCHES_PER_CALL_BOUND = 2  # e.g. a split-k GEMV: main kernel + reduction
+MAX_INPUT_SETS = 256
+FALLBACK_L2_BYTES = 64 << 20
+
+
+class CandidateFailure(TunerError):
+    """A config that fails to compile, launch or capture; `reason` is one line."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class Timing:
+    median_us: float  # median of group medians, µs per call
+    spread_pct: float  # (max - min) / 2 of the group medians, as % of the median
+    group_us: list[float]
+    cache: str  # "cold" or "warm"
+    calls_per_graph: int = 0
+    input_sets: int = 0
+    rotated_bytes: int = 0  # bytes of all input sets together (cold: > 2 x L2 unless capped)
+
+
+@dataclass
+class Paired:
+    reference_us: float
+    candidate_us: float
+    speedup: float  # reference_us / candidate_us (median of paired group ratios)
+    speedup_low: float
+    speedup_high: float  # 95% bootstrap interval of that median
+    noise_pct: float  # spread of the reference's own group medians (A/A), %
+    reference: Timing | None = None
+    candidate: Timing | None = None
+
+
+# ------------------------------------------------------------------------------------- helpers
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("median of nothing")
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def spread_pct(values: list[float]) -> float:
+    mid = median(values)
+    return 100.0 * (max(values) - min(values)) / 2.0 / mid if mid > 0 else float("inf")
+
+
+def bootstrap_median_interval(values: list[float], *, resamples: int = 2000,
+                              level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the median (deterministic: seeded)."""
+    if len(values) < 2:
+        return (values[0], values[0]) if values else (float("nan"), float("nan"))
+    rng = random.Random(seed)
+    n = len(values)
+    meds = sorted(median([values[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
+    lo = meds[int(math.floor((1 - level) / 2 * (resamples - 1)))]
+    hi = meds[int(math.ceil((1 + level) / 2 * (resamples - 1)))]
+    return lo, hi
+
+
+def _torch():
+    import torch
+
+    if not torch.cuda.is_available():
+        from .errors import NoGPUError
+
+        raise NoGPUError("timing needs a CUDA or ROCm GPU and torch sees none")
+    return torch
+
+
+def _device(device):
+    torch = _torch()
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    dev = torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+    if dev.type != "cuda":
+        raise TunerError(f"timing needs a GPU device, got {dev}")
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def backend_name(device=None) -> str:
+    """'cuda', 'hip', or 'dcu' (a Hygon DCU: hip narrowed) for the visible GPU."""
+    from . import device as devmod
+
+    fields = devmod.detect(None if device is None else _device(device).index)
+    return "dcu" if fields["is_dcu"] else fields["backend"]
+
+
+def _is_hip() -> bool:
+    import torch
+
+    return bool(getattr(torch.version, "hip", None))
+
+
+def l2_bytes(device=None) -> int:
+    torch = _torch()
+    props = torch.cuda.get_device_properties(_device(device))
+    return int(getattr(props, "L2_cache_size", 0) or 0) or FALLBACK_L2_BYTES
+
+
+def _tensor_bytes(inputs: dict) -> int:
+    total = 0
+    for value in inputs.values():
+        if hasattr(value, "element_size") and hasattr(value, "numel"):
+            total += value.element_size() * value.numel()
+    return total
+
+
+def make_input_sets(family, shape: dict, cache: str = "cold", device=None,
+                    seed: int = 1000) -> list[dict]:
+    """One set (warm) or enough sets that their bytes exceed 2 x L2 (cold; capped at
+    MAX_INPUT_SETS sets for tiny shapes, in which case the rotation is short of 2 x L2)."""
+    if cache not in ("cold", "warm"):
+        raise TunerError(f"cache must be 'cold' or 'warm', got {cache!r}")
+    dev = _device(device)
+    first = family.make_inputs(shape, dev, seed)
+    sets = [first]
+    if cache == "warm":
+        return sets
+    per_set = max(1, _tensor_bytes(first))
+    wanted = min(MAX_INPUT_SETS, max(2, math.ceil(2 * l2_bytes(dev) / per_set) + 1))
+    for i in range(1, wanted):
+        sets.append(family.make_inputs(shape, dev, seed + i))
+    return sets
+
+
+def _callable_for(family, shape: dict, which, backend: str):
+    """(description, fn(inputs)) for 'baseline', 'default' or a config dict."""
+    if isinstance(which, str):
+        if which == "baseline":
+            return "baseline", family.baseline
+        if which == "default":
+            config = family.default_config(shape, backend)
+            return f"default {config}", lambda inputs: family.launch(inputs, config)
+        raise TunerError(f"unknown reference {which!r}: use 'baseline', 'default' or a config")
+    config = dict(which)
+    return str(config), lambda inputs: family.launch(inputs, config)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = next((line for line in text if line.strip()), "")
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
+class GraphTimer:
+    """A CUDA graph of `calls` calls of fn cycling through input sets, and its timed replays."""
+
+    def __init__(self, fn, input_sets: list[dict], *, target_graph_us: float = TARGET_GRAPH_US):
+        torch = _torch()
+        self.torch = torch
+        self.sets = input_sets
+        try:
+            for inputs in input_sets:  # warm-up: compile, autotune libraries, allocate
+                fn(inputs)
+            torch.cuda.synchronize()
+            est_us = self._estimate_us(fn)
+            self.calls = self._calls_per_graph(est_us, len(input_sets), target_graph_us)
+            self.graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                fn(input_sets[0])  # one more eager call on the capture stream
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            with torch.cuda.graph(self.graph):
+                for i in range(self.calls):
+                    fn(input_sets[i % len(input_sets)])
+            torch.cuda.synchronize()
+            self.graph.replay()  # first replay uploads the graph
+            torch.cuda.synchronize()
+        except CandidateFailure:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every compile/launch/capture fault is data
+            raise CandidateFailure(_reason(exc)) from None
+
+    def _estimate_us(self, fn) -> float:
+        torch = self.torch
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        n = max(len(self.sets), 8)
+        start.record()
+        for i in range(n):
+            fn(self.sets[i % len(self.sets)])
+        end.record()
+        end.synchronize()
+        return max(start.elapsed_time(end) * 1e3 / n, 0.5)
+
+    @staticmethod
+    def _calls_per_graph(est_us: float, sets: int, target_graph_us: float) -> int:
+        """Enough calls for a replay of ~target_graph_us, a multiple of the number of sets, at
+        most MAX_CALLS_PER_GRAPH (ROCm: ~1000 launches, two per call)."""
+        cap = MAX_CALLS_PER_GRAPH
+        if _is_hip():
+            cap = HIP_MAX_LAUNCHES_PER_GRAPH // LAUNCHES_PER_CALL_BOUND
+        calls = max(sets, math.ceil(target_graph_us / est_us), 8)
+        calls = math.ceil(calls / sets) * sets
+        if calls > cap:
+            calls = (cap // sets) * sets if sets <= cap else cap
+        return calls
+
+    def group(self, replays: int) -> float:
+        """Median µs per call over `replays` event-timed replays."""
+        torch = self.torch
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        try:
+            for i in range(replays):
+                starts[i].record()
+                self.graph.replay()
+                ends[i].record()
+            ends[-1].synchronize()
+        except Exception as exc:  # noqa: BLE001
+            raise CandidateFailure(_reason(exc)) from None
+        return median([s.elapsed_time(e) * 1e3 / self.calls for s, e in zip(starts, ends)])
+
+
+def _timing(groups: list[float], cache: str, timer: GraphTimer) -> Timing:
+    return Timing(median_us=median(groups), spread_pct=spread_pct(groups), group_us=list(groups),
+                  cache=cache, calls_per_graph=timer.calls, input_sets=len(timer.sets),
+                  rotated_bytes=sum(_tensor_bytes(s) for s in timer.sets))
+
+
+# ------------------------------------------------------------------------------------ public API
+def time_callable(fn, input_sets: list[dict], *, cache: str = "cold", groups: int = DEFAULT_GROUPS,
+                  replays: int = DEFAULT_REPLAYS) -> Timing:
+    """Time fn(inputs) under the protocol on ready-made input sets."""
+    timer = GraphTimer(fn, input_sets)
+    results = [timer.group(replays) for _ in range(groups)]
+    return _timing(results, cache, timer)
+
+
+def time_config(family, shape: dict, config, *, cache: str = "cold", device=None,
+                groups: int = DEFAULT_GROUPS, replays: int = DEFAULT_REPLAYS,
+                input_sets: list[dict] | None = None) -> Timing:
+    """Time one config dict (or 'default' / 'baseline') of a family for a shape."""
+    dev = _device(device)
+    torch = _torch()
+    with torch.cuda.device(dev):
+        sets = input_sets if input_sets is not None else make_input_sets(family, shape, cache, dev)
+        _, fn = _callable_for(family, shape, config, backend_name(dev))
+        return time_callable(fn, sets, cache=cache, groups=groups, replays=replays)
+
+
+def time_baseline(family, shape: dict, *, cache: str = "cold", device=None,
+                  groups: int = DEFAULT_GROUPS, replays: int = DEFAULT_REPLAYS,
+                  input_sets: list[dict] | None = None) -> Timing:
+    return time_config(family, shape, "baseline", cache=cache, device=device, groups=groups,
+                       replays=replays, input_sets=input_sets)
+
+
+def paired_from_groups(reference_groups: list[float], candidate_groups: list[float],
+                       seed: int = 0) -> tuple[float, float, float]:
+    """(median ratio, low, high) of per-group ratios reference / candidate."""
+    ratios = [r / c for r, c in zip(reference_groups, candidate_groups) if c > 0]
+    if not ratios:
+        raise ValueError("no paired groups")
+    low, high = bootstrap_median_interval(ratios, seed=seed)
+    return median(ratios), low, high
+
+
+def compare(family, shape: dict, candidate, reference="baseline", *, cache: str = "cold",
+            device=None, groups: int = 2 * DEFAULT_GROUPS, replays: int = DEFAULT_REPLAYS,
+            input_sets: list[dict] | None = None) -> Paired:
+    """Paired, interleaved timing of candidate against reference on the same input sets.
+
+    candidate / reference: a config dict, or 'baseline' / 'default'. A failing reference is a
+    TunerError; a failing candidate raises CandidateFailure."""
+    dev = _device(device)
+    torch = _torch()
+    with torch.cuda.device(dev):
+        backend = backend_name(dev)
+        sets = input_sets if input_sets is not None else make_input_sets(family, shape, cache, dev)
+        ref_name, ref_fn = _callable_for(family, shape, reference, backend)
+        _, cand_fn = _callable_for(family, shape, candidate, backend)
+        try:
+            ref_timer = GraphTimer(ref_fn, sets)
+        except CandidateFailure as exc:
+            raise TunerError(f"the reference ({ref_name}) failed: {exc.reason}") from None
+        cand_timer = GraphTimer(cand_fn, sets)
+        ref_groups, cand_groups = [], []
+        for g in range(groups):
+            if g % 2 == 0:
+                ref_groups.append(ref_timer.group(replays))
+                cand_groups.append(cand_timer.group(replays))
+            else:
+                cand_groups.append(cand_timer.group(replays))
+                ref_groups.append(ref_timer.group(replays))
+        speedup, low, high = paired_from_groups(ref_groups, cand_groups)
+        ref_t = _timing(ref_groups, cache, ref_timer)
+        cand_t = _timing(cand_groups, cache, cand_timer)
+        return Paired(reference_us=ref_t.median_us, candidate_us=cand_t.median_us,
+                      speedup=speedup, speedup_low=low, speedup_high=high,
+                      noise_pct=ref_t.spread_pct, reference=ref_t, candidate=cand_t)
+
+
+def aa_noise(family, shape: dict, config="baseline", *, cache: str = "cold", device=None,
+             groups: int = 2 * DEFAULT_GROUPS, replays: int = DEFAULT_REPLAYS) -> Paired:
+    """The protocol's noise: the same callable against itself (two graphs, same inputs,
+    interleaved). The ideal is speedup 1.0; the interval's half-width is the noise band."""
+    return compare(family, shape, config, config, cache=cache, device=device, groups=groups,
+                   replays=replays)
