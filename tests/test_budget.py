@@ -400,3 +400,36 @@ def test_example_through_the_cli(tmp_path, capsys):
     assert code == 0 and "kept 5 of 13 shapes" in out
     assert "decode: step 30 ms wall, GPU busy 2.2 ms (7.34%) -- launch-bound" in out
     assert len(budget.surviving(budget.read(out_path))) == 5
+
+
+def test_measure_wiring_replaces_the_trace_baseline(monkeypatch, capsys):
+    """--measure's plumbing on CPU: the GPU timer is swapped for a fixed 2 µs; the real kernel
+    families decide which rows are served (decode linears -> gemv, attention -> attention; the
+    fp32 rotary bmm m=32 n=1 k=1 is served by none and keeps its trace time)."""
+    torch = pytest.importorskip("torch")
+    from tuner import bench
+
+    seen = []
+
+    def fake_time_baseline(family, shape, *, cache="cold", device=None):
+        seen.append((family.name, cache))
+        return bench.Timing(median_us=2.0, spread_pct=0.0, group_us=[2.0], cache=cache)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "time_baseline", fake_time_baseline)
+    decode = EXAMPLE[EXAMPLE["phase"] == "decode"]
+    measured = budget.measure_baselines(decode)
+    assert "no kernel family serves it" in capsys.readouterr().err
+    result = budget.compute(decode, H200, baseline_us=measured)
+    by_source = result.groupby("baseline_source")["op"].apply(set).to_dict()
+    assert by_source == {"measured": {"aten::mm", "aten::addmm", "aten::scaled_dot_product_attention"},
+                         "trace": {"aten::bmm"}}
+    assert (result.loc[result["baseline_source"] == "measured", "baseline_us"] == 2.0).all()
+    assert {name for name, _ in seen} == {"gemv", "attention"} and {c for _, c in seen} == {"cold"}
+
+
+@pytest.mark.gpu
+def test_measure_on_the_gpu_gives_positive_baselines():
+    decode = EXAMPLE[(EXAMPLE["phase"] == "decode") & (EXAMPLE["family"] == "gemm")].head(3)
+    measured = budget.measure_baselines(decode)
+    assert measured.notna().all() and (measured > 0).all()

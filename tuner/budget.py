@@ -402,26 +402,33 @@ def read(path: str | Path) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------ measuring baselines
-def kernel_shape(row) -> tuple[str, dict] | None:
-    """The kernel family and shape dict that serve a ShapeTable row, or None."""
+def kernel_families() -> list:
+    """The kernel families that can be imported here (a warning for each one that cannot)."""
     import kernels
 
+    families = []
     for name in kernels.family_names():
         try:
-            family = kernels.get_family(name)
+            families.append(kernels.get_family(name))
         except ImportError as exc:
             warn(f"kernel family {name} cannot be imported ({exc}); its rows keep the trace's time")
-            continue
+    return families
+
+
+def kernel_shape(row, families: list | None = None) -> tuple[str, dict] | None:
+    """The kernel family name and shape dict that serve a ShapeTable row, or None."""
+    for family in kernel_families() if families is None else families:
         shape = family.shape_from_row(row)
         if shape is not None:
-            return name, shape
+            return family.name, shape
     return None
 
 
 def measure_baselines(table: pd.DataFrame) -> pd.Series:
-    """Re-measure the baseline µs per call of every row on this machine's GPU (cold cache).
+    """Re-measure the baseline µs per call of every row on this machine's GPU (cold L2).
 
-    Rows no kernel family serves keep NaN (the trace's time is used for them).
+    Uses `tuner.bench.time_baseline` (CUDA-graph replays, the path serving uses today). Rows that
+    no kernel family serves, or whose measurement fails, keep NaN (the trace's time is used).
     """
     try:
         import torch
@@ -431,18 +438,21 @@ def measure_baselines(table: pd.DataFrame) -> pd.Series:
         raise NoGPUError("--measure needs a CUDA or ROCm GPU and none is visible on this machine")
     from . import bench
 
+    families = kernel_families()
     measured = pd.Series(math.nan, index=table.index, dtype="float64")
     for index, row in table.iterrows():
-        found = kernel_shape(row)
+        found = kernel_shape(row, families)
         if found is None:
-            warn(f"row {index} ({row['op']} {row['family']}): no kernel family serves it; "
+            warn(f"row {index} ({row['op']}, {describe_shape(row)}): no kernel family serves it; "
                  f"keeping the trace's time")
             continue
-        family, shape = found
+        name, shape = found
+        family = next(f for f in families if f.name == name)
         try:
+            # the KernelFamily object: bench reads family.make_inputs / family.baseline from it
             measured[index] = bench.time_baseline(family, shape, cache="cold").median_us
         except Exception as exc:  # one failing shape must not stop the budget
-            warn(f"row {index} ({family} {shape}): baseline measurement failed ({exc}); "
+            warn(f"row {index} ({name} {shape}): baseline measurement failed ({exc}); "
                  f"keeping the trace's time")
     return measured
 

@@ -239,6 +239,10 @@ def cmd_budget(args) -> int:
           f"{profile.bf16_matmul_flops_per_s / 1e12:.3g} TFLOP/s")
     print(f"threshold: {threshold.describe()}; hit rate {hit_rate:g}; per token = per step of "
           f"the phase")
+    if measured is not None:
+        count = int(measured.notna().sum())
+        print(f"baselines: {count} re-measured on this GPU (cold L2), {len(result) - count} "
+              f"from the trace")
     for note in budget.phase_notes(result):
         print(note)
     print()
