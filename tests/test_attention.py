@@ -1,0 +1,118 @@
+"""Decode attention family under the Triton interpreter (CPU): GQA/MQA correctness, head stacking,
+deterministic split-KV, the interface."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import hashlib  # noqa: E402
+
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from kernels import attention, get_family  # noqa: E402
+from tuner.spaces import space_for  # noqa: E402
+
+# p is rounded to bf16 before the P·V dot (as in flash attention) and the output to bf16.
+TOLERANCE = {"bfloat16": 1.5e-2, "float16": 2e-3}
+
+GQA = {"batch": 2, "heads": 8, "kv_heads": 2, "kv_len": 70, "head_dim": 64, "dtype": "bfloat16"}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+
+
+@pytest.fixture(scope="module")
+def gqa_inputs():
+    inputs = attention.make_inputs(GQA, "cpu", seed=0)
+    return inputs, attention.reference(inputs)
+
+
+def test_kernels_run_under_the_interpreter():
+    assert isinstance(attention.decode_attention_kernel, InterpretedFunction)
+    assert isinstance(attention.combine_kernel, InterpretedFunction)
+
+
+@pytest.mark.parametrize("config", [
+    {"HEADS_PER_BLOCK": 1, "BLOCK_N": 32, "SPLIT_KV": 1},   # no stacking: one query head a program
+    {"HEADS_PER_BLOCK": 4, "BLOCK_N": 32, "SPLIT_KV": 1},   # the whole GQA group in one tl.dot
+    {"HEADS_PER_BLOCK": 2, "BLOCK_N": 16, "SPLIT_KV": 3},   # ragged last split (70 = 5 tiles / 3)
+    {"HEADS_PER_BLOCK": 4, "BLOCK_N": 16, "SPLIT_KV": 4},
+], ids=lambda c: f"hpb{c['HEADS_PER_BLOCK']}-n{c['BLOCK_N']}-s{c['SPLIT_KV']}")
+def test_gqa_matches_fp32_reference(gqa_inputs, config):
+    inputs, ref = gqa_inputs
+    out = torch.full_like(inputs["q"], float("nan"))  # poisoned: every element must be written
+    attention.launch(inputs, config, out=out)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < TOLERANCE["bfloat16"]
+    assert torch.allclose(out.float(), ref, atol=5e-2, rtol=5e-2)
+
+
+def test_split_kv_is_deterministic(gqa_inputs):
+    inputs, ref = gqa_inputs
+    config = {"HEADS_PER_BLOCK": 2, "BLOCK_N": 16, "SPLIT_KV": 4}
+    first, second = attention.launch(inputs, config), attention.launch(inputs, config)
+    assert digest(first) == digest(second)
+    assert rel_err(first, ref) < TOLERANCE["bfloat16"]
+
+
+def test_mqa_all_heads_share_one_kv_head_and_odd_head_dim():
+    # MQA (16 query heads, 1 KV head), head_dim 80 (padded to 128 with masks), ragged kv_len.
+    shape = {"batch": 1, "heads": 16, "kv_heads": 1, "kv_len": 33, "head_dim": 80, "dtype": "float16"}
+    inputs = attention.make_inputs(shape, "cpu", seed=1)
+    ref = attention.reference(inputs)
+    for config in ({"HEADS_PER_BLOCK": 16, "BLOCK_N": 16, "SPLIT_KV": 2},
+                   {"HEADS_PER_BLOCK": 1, "BLOCK_N": 32, "SPLIT_KV": 1}):
+        assert rel_err(attention.launch(inputs, config), ref) < TOLERANCE["float16"]
+
+
+def test_heads_per_block_must_divide_the_group(gqa_inputs):
+    inputs, _ = gqa_inputs
+    with pytest.raises(ValueError, match="HEADS_PER_BLOCK 3"):
+        attention.launch(inputs, {"HEADS_PER_BLOCK": 3, "BLOCK_N": 16, "SPLIT_KV": 1})
+    space = space_for("attention", "cuda")
+    assert not space.allows({"HEADS_PER_BLOCK": 8, "BLOCK_N": 32, "SPLIT_KV": 1, "num_warps": 4,
+                             "num_stages": 2}, GQA)  # group is 4
+
+
+def test_default_config_runs_and_satisfies_every_space(gqa_inputs):
+    inputs, ref = gqa_inputs
+    assert rel_err(attention.launch(inputs, attention.default_config(GQA, "cuda")), ref) < TOLERANCE["bfloat16"]
+    for batch, heads, kv_heads in ((1, 32, 8), (8, 32, 8), (1, 32, 32), (1, 64, 1), (4, 28, 4)):
+        for kv_len in (70, 1024, 8192, 32768):
+            for head_dim in (64, 128):
+                shape = {"batch": batch, "heads": heads, "kv_heads": kv_heads, "kv_len": kv_len,
+                         "head_dim": head_dim, "dtype": "bfloat16"}
+                for backend in ("cuda", "hip", "dcu"):
+                    config = attention.default_config(shape, backend)
+                    assert space_for("attention", backend).allows(config, shape), (backend, shape, config)
+
+
+def test_baseline_is_sdpa_with_gqa(gqa_inputs):
+    inputs, ref = gqa_inputs
+    assert rel_err(attention.baseline(inputs), ref) < TOLERANCE["bfloat16"]
+
+
+def test_shape_from_row_and_interface():
+    family = get_family("attention")
+    assert family is attention.FAMILY
+    row = pd.Series({"family": "attention", "op": "aten::scaled_dot_product_attention", "batch": 8,
+                     "dtype": "bfloat16", "heads": 32, "kv_heads": 8, "q_len": 1, "kv_len": 8192,
+                     "head_dim": 128, "m": 0, "n": 0, "k": 0})
+    shape = family.shape_from_row(row)
+    assert shape == {"batch": 8, "heads": 32, "kv_heads": 8, "kv_len": 8192, "head_dim": 128,
+                     "dtype": "bfloat16"}
+    assert family.shape_key(shape) == "batch=8,heads=32,kv_heads=8,kv_len=8192,head_dim=128,dtype=bfloat16"
+    assert family.shape_from_row({**row.to_dict(), "q_len": 512}) is None  # prefill
+    assert family.shape_from_row({**row.to_dict(), "kv_heads": pd.NA}) is None
+    assert family.shape_from_row({**row.to_dict(), "family": "gemm"}) is None
+    assert attention.kv_bytes(shape) == 2 * 8 * 8 * 8192 * 128 * 2
+    assert family.bytes_moved(shape) == attention.kv_bytes(shape) + 2 * 8 * 32 * 128 * 2
+    assert family.flops(shape) == 4 * 8 * 32 * 8192 * 128

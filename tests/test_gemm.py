@@ -1,0 +1,131 @@
+"""GEMM family under the Triton interpreter (CPU): correctness, split-K determinism, the interface."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import hashlib  # noqa: E402
+
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernels import get_family  # noqa: E402
+from kernels import gemm  # noqa: E402
+from tuner.spaces import space_for  # noqa: E402
+
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+# bf16 output rounding alone is 2^-9 relative; fp32 accumulation adds little on these k.
+TOLERANCE = {"bfloat16": 8e-3, "float16": 1e-3}
+
+CONFIGS = [
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1},
+    {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "SPLIT_K": 1},
+    {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4, "SPLIT_K": 3},
+]
+
+
+def test_kernels_run_under_the_interpreter():
+    # If another module imported kernels.gemm before TRITON_INTERPRET=1 was set, every test here
+    # would try to launch compiled kernels on CPU tensors: say so plainly instead.
+    assert isinstance(gemm.gemm_kernel, InterpretedFunction)
+    assert isinstance(gemm.splitk_reduce_kernel, InterpretedFunction)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("layout", ["NT", "NN", "TN"])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']}-sk{c['SPLIT_K']}")
+def test_ragged_shape_matches_fp32_reference(layout, config):
+    shape = {"m": 17, "n": 33, "k": 40, "dtype": "bfloat16", "layout": layout}
+    inputs = gemm.make_inputs(shape, "cpu", seed=1)
+    ref = gemm.reference(inputs)
+    out = gemm.launch(inputs, config)
+    assert out.shape == (17, 33) and out.dtype == torch.bfloat16
+    assert rel_err(out, ref) < TOLERANCE["bfloat16"]
+    # Every element is written, including the ragged edges: compare element-wise too.
+    assert torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_out_argument_is_written_completely():
+    shape = {"m": 19, "n": 21, "k": 37, "dtype": "float16", "layout": "NT"}
+    inputs = gemm.make_inputs(shape, "cpu", seed=2)
+    out = torch.full((19, 21), float("nan"), dtype=torch.float16)
+    result = gemm.launch(inputs, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT_K": 2}, out=out)
+    assert result.data_ptr() == out.data_ptr()
+    assert not torch.isnan(out).any()
+    assert rel_err(out, gemm.reference(inputs)) < TOLERANCE["float16"]
+
+
+def test_batched_bmm_shape():
+    shape = {"m": 9, "n": 20, "k": 24, "dtype": "float16", "layout": "NN", "batch": 3}
+    inputs = gemm.make_inputs(shape, "cpu", seed=3)
+    assert inputs["a"].shape == (3, 9, 24) and inputs["b"].shape == (3, 24, 20)
+    for config in (CONFIGS[0], CONFIGS[2]):
+        out = gemm.launch(inputs, config)
+        assert out.shape == (3, 9, 20)
+        assert rel_err(out, gemm.reference(inputs)) < TOLERANCE["float16"]
+
+
+def test_split_k_is_deterministic_and_close_to_no_split():
+    shape = {"m": 17, "n": 33, "k": 96, "dtype": "bfloat16", "layout": "NT"}
+    inputs = gemm.make_inputs(shape, "cpu", seed=4)
+    config = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 4}
+    first, second = gemm.launch(inputs, config), gemm.launch(inputs, config)
+    assert digest(first) == digest(second)
+    no_split = gemm.launch(inputs, {**config, "SPLIT_K": 1})
+    assert rel_err(first, gemm.reference(inputs)) < TOLERANCE["bfloat16"]
+    assert rel_err(first, no_split.float()) < TOLERANCE["bfloat16"]
+
+
+def test_default_configs_run_and_satisfy_their_space():
+    shape = {"m": 24, "n": 40, "k": 72, "dtype": "bfloat16", "layout": "NT"}
+    inputs = gemm.make_inputs(shape, "cpu", seed=5)
+    ref = gemm.reference(inputs)
+    for backend in ("cuda", "hip", "dcu"):
+        config = gemm.default_config(shape, backend)
+        assert space_for("gemm", backend).allows(config, shape)
+        assert rel_err(gemm.launch(inputs, config), ref) < TOLERANCE["bfloat16"]
+    # Real 8B-model shapes: the defaults stay inside every backend's space.
+    for m in (16, 64, 512, 4096):
+        for n, k in ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)):
+            big = {"m": m, "n": n, "k": k, "dtype": "bfloat16", "layout": "NT"}
+            for backend in ("cuda", "hip", "dcu"):
+                assert space_for("gemm", backend).allows(gemm.default_config(big, backend), big), (backend, big)
+
+
+def test_fresh_inputs_are_random_and_reproducible():
+    shape = {"m": 16, "n": 32, "k": 48, "dtype": "bfloat16", "layout": "NT"}
+    one, again, other = (gemm.make_inputs(shape, "cpu", seed=s) for s in (7, 7, 8))
+    assert torch.equal(one["a"], again["a"]) and torch.equal(one["b"], again["b"])
+    assert not torch.equal(one["a"], other["a"])
+    assert (one["a"] != 0).float().mean() > 0.99
+    # NT: b is the [k, n] view of a [n, k] weight, as F.linear sees it.
+    assert one["b"].shape == (48, 32) and one["b"].stride() == (1, 48)
+    assert torch.allclose(gemm.baseline(one).float(), gemm.reference(one), atol=2e-2, rtol=2e-2)
+
+
+def test_shape_from_row_and_shape_key():
+    family = get_family("gemm")
+    assert family is gemm.FAMILY and family.name == "gemm"
+    row = pd.Series({"family": "gemm", "op": "aten::mm", "m": 512, "n": 4096, "k": 4096, "batch": 1,
+                     "dtype": "bfloat16", "layout": "NT"})
+    shape = family.shape_from_row(row)
+    assert shape == {"m": 512, "n": 4096, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
+    assert family.shape_key(shape) == "m=512,n=4096,k=4096,dtype=bfloat16,layout=NT"
+    assert family.shape_from_row({**row.to_dict(), "m": 8}) is None  # gemv territory
+    bmm = family.shape_from_row({**row.to_dict(), "m": 1, "batch": 32, "op": "aten::bmm", "layout": "NN"})
+    assert bmm == {"m": 1, "n": 4096, "k": 4096, "dtype": "bfloat16", "layout": "NN", "batch": 32}
+    assert family.shape_key(bmm).startswith("batch=32,m=1,")
+    assert family.shape_from_row({**row.to_dict(), "family": "attention"}) is None
+    assert family.shape_from_row({**row.to_dict(), "dtype": "float32"}) is None
+    assert family.flops(shape) == 2 * 512 * 4096 * 4096
+    assert family.bytes_moved(shape) == 2 * (512 * 4096 + 4096 * 4096 + 512 * 4096)
+    assert len(family.source_hash()) == 16
