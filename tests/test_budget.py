@@ -6,6 +6,7 @@ The H200 spec profile used below has read bandwidth 4.8e12 B/s and bf16 matmul 9
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from tuner import budget, shapetable
 from tuner.budget import Threshold
 from tuner.cli import main
-from tuner.device import load_profile
+from tuner.device import load_profile, save_profile
 from tuner.errors import TunerError
 
 H200 = load_profile("h200")
@@ -433,3 +434,43 @@ def test_measure_on_the_gpu_gives_positive_baselines():
     decode = EXAMPLE[(EXAMPLE["phase"] == "decode") & (EXAMPLE["family"] == "gemm")].head(3)
     measured = budget.measure_baselines(decode)
     assert measured.notna().all() and (measured > 0).all()
+
+
+def test_rows_that_cannot_be_judged_are_kept_with_the_reason():
+    rows = table(gemm_row(calls_per_step=math.nan), gemm_row(n=4864, step_us=math.nan))
+    result = budget.compute(rows, H200, threshold=budget.DEFAULT_THRESHOLD)
+    reasons = dict(zip(result["n"], result["reason"]))
+    assert (result["verdict"] == "keep").all()
+    assert "calls per step unknown" in reasons[896]
+    assert "no step time" in reasons[4864]
+
+
+def test_threshold_and_profile_validation():
+    with pytest.raises(TunerError, match="exactly one"):
+        Threshold()
+    with pytest.raises(TunerError, match="exactly one"):
+        Threshold(us_per_token=1.0, share=0.01)
+    with pytest.raises(TunerError, match="below 100%"):
+        Threshold(share=1.5)
+    with pytest.raises(TunerError, match="positive"):
+        Threshold(us_per_token=-3.0)
+    broken = dataclasses.replace(H200, read_bandwidth_bytes_per_s=0.0)
+    with pytest.raises(TunerError, match="no usable read bandwidth"):
+        budget.compute(table(gemm_row()), broken)
+    with pytest.raises(TunerError, match="empty"):
+        budget.compute(shapetable.empty(), H200)
+
+
+def test_budget_cli_finds_a_saved_measured_profile_for_the_tables_device(tmp_path, capsys,
+                                                                          monkeypatch):
+    # A measured profile saved by `tuner device` on that GPU: key nvidia-h200, 4.0e12 B/s
+    monkeypatch.chdir(tmp_path)
+    save_profile(dataclasses.replace(H200, name="NVIDIA H200", source="measured",
+                                     read_bandwidth_bytes_per_s=4.0e12,
+                                     measured_at="2026-11-29T12:00:00Z"))
+    shapes = shapetable.write(table(gemm_row()), tmp_path / "s.parquet")
+    code, out, _ = run_cli(capsys, "budget", str(shapes), "-o", str(tmp_path / "b.parquet"))
+    assert code == 0
+    assert "measured 2026-11-29T12:00:00Z" in out and "matching the table's device 'NVIDIA H200'" in out
+    # 1619968 B / 4.0e12 B/s = 0.404992 µs
+    assert budget.read(tmp_path / "b.parquet").at[0, "floor_us"] == pytest.approx(0.404992, rel=1e-5)

@@ -63,6 +63,14 @@ DEFAULT_SAFETY = 0.5
 PHASE_ORDER = {"decode": 0, "prefill": 1, "other": 2}
 
 
+def _is_number(value) -> bool:
+    """A finite real number (int, float or numpy scalar; not bool, not a string)."""
+    try:
+        return not isinstance(value, (bool, str)) and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
 @dataclass(frozen=True)
 class Threshold:
     """What a shape must be able to save per step to be worth a search.
@@ -80,11 +88,11 @@ class Threshold:
         if (self.us_per_token is None) == (self.share is None):
             raise TunerError("a budget threshold needs exactly one of: µs per token, share of the step")
         value = self.us_per_token if self.share is None else self.share
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        if not (_is_number(value) and value > 0):
             raise TunerError(f"the budget threshold must be a positive number, got {value!r}")
         if self.share is not None and self.share >= 1:
             raise TunerError(f"a threshold share of the step must be below 100%, got {self.share:.4g}")
-        if not (math.isfinite(self.safety) and 0 < self.safety <= 1):
+        if not (_is_number(self.safety) and 0 < self.safety <= 1):
             raise TunerError(f"the safety factor must be in (0, 1], got {self.safety!r}")
 
     def describe(self) -> str:
@@ -166,14 +174,15 @@ def parse_share(text: str, what: str) -> float:
     return value
 
 
-def parse_positive(text: str, what: str) -> float:
-    """A plain positive finite number (a flag value such as --saving-us 3.1)."""
+def parse_positive(text: str, what: str, *, allow_zero: bool = False) -> float:
+    """A plain positive (or, with allow_zero, non-negative) finite number, e.g. --saving-us 3.1."""
     try:
         value = float(str(text).strip())
     except ValueError:
         raise TunerError(f"{what} must be a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise TunerError(f"{what} must be a positive number, got {text!r}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        kind = "a number >= 0" if allow_zero else "a positive number"
+        raise TunerError(f"{what} must be {kind}, got {text!r}")
     return value
 
 
@@ -252,7 +261,7 @@ def floor_us(nbytes: float, nflops: float, dtype: str, profile: DeviceProfile) -
 def check_profile(profile: DeviceProfile) -> None:
     for field, value in (("read bandwidth", profile.read_bandwidth_bytes_per_s),
                          ("bf16 matmul rate", profile.bf16_matmul_flops_per_s)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        if not (_is_number(value) and value > 0):
             raise TunerError(f"device profile {profile.name!r} has no usable {field} ({value!r})")
 
 
@@ -287,9 +296,9 @@ def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold
     """
     _check_table(table)
     check_profile(profile)
-    if not (math.isfinite(hit_rate) and 0 < hit_rate <= 1):
+    if not (_is_number(hit_rate) and 0 < hit_rate <= 1):
         raise TunerError(f"the hit rate must be in (0, 1], got {hit_rate!r}")
-    if not (math.isfinite(min_kernel_us) and min_kernel_us >= 0):
+    if not (_is_number(min_kernel_us) and min_kernel_us >= 0):
         raise TunerError(f"the minimum kernel time must be >= 0 us, got {min_kernel_us!r}")
 
     rows = []

@@ -214,8 +214,7 @@ def cmd_budget(args) -> int:
     threshold = budget.parse_threshold(args.min_saving,
                                        safety=budget.parse_positive(args.safety, "--safety"))
     hit_rate = budget.parse_positive(args.hit_rate, "--hit-rate")
-    min_kernel_us = 0.0 if args.min_kernel_us in ("0", "0.0") else budget.parse_positive(
-        args.min_kernel_us, "--min-kernel-us")
+    min_kernel_us = budget.parse_positive(args.min_kernel_us, "--min-kernel-us", allow_zero=True)
     table = shapetable.read(args.shapes)
     if len(table) == 0:
         raise TunerError(f"{args.shapes} has no rows: nothing to budget")
@@ -232,7 +231,8 @@ def cmd_budget(args) -> int:
                             baseline_us=measured)
 
     label = {"spec": "published datasheet peaks, not measured",
-             "given": "rates given on the command line"}.get(profile.source, profile.source)
+             "given": "rates given on the command line",
+             "measured": f"measured {profile.measured_at}".strip()}.get(profile.source, profile.source)
     print(f"budget of {args.shapes}")
     print(f"device: {profile.name} -- {label} (from {where}): read "
           f"{profile.read_bandwidth_bytes_per_s / 1e12:.3g} TB/s, bf16 matmul "
