@@ -111,22 +111,51 @@ def _torch():
 
 
 def _device(device):
-    torch = _torch()
-    if device is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    dev = torch.device(device if not isinstance(device, int) else f"cuda:{device}")
-    if dev.type != "cuda":
-        raise TunerError(f"timing needs a GPU device, got {dev}")
-    if dev.index is None:
+    """A torch.device: the given one, or the current GPU. 'cpu' is allowed only under
+    TRITON_INTERPRET=1 (tests of the protocol's logic; the numbers mean nothing)."""
+    import os
+
+    import torch
+
+    if device is not None:
+        dev = torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+        if dev.type == "cpu":
+            if os.environ.get("TRITON_INTERPRET") != "1":
+                raise TunerError("timing on the CPU is only for TRITON_INTERPRET=1 tests")
+            return dev
+        if dev.type != "cuda":
+            raise TunerError(f"timing needs a GPU device, got {dev}")
+    else:
+        dev = None
+    _torch()
+    if dev is None or dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _on(dev):
+    import torch
+
+    return torch.cuda.device(dev) if dev.type == "cuda" else _nullcontext()
+
+
 def backend_name(device=None) -> str:
-    """'cuda', 'hip', or 'dcu' (a Hygon DCU: hip narrowed) for the visible GPU."""
+    """'cuda', 'hip', or 'dcu' (a Hygon DCU: hip narrowed) for the visible GPU; 'cuda' for the
+    CPU interpreter."""
     from . import device as devmod
 
-    fields = devmod.detect(None if device is None else _device(device).index)
+    dev = _device(device)
+    if dev.type == "cpu":
+        return "cuda"
+    fields = devmod.detect(dev.index)
     return "dcu" if fields["is_dcu"] else fields["backend"]
 
 
@@ -137,8 +166,10 @@ def _is_hip() -> bool:
 
 
 def l2_bytes(device=None) -> int:
-    torch = _torch()
-    props = torch.cuda.get_device_properties(_device(device))
+    dev = _device(device)
+    if dev.type == "cpu":
+        return FALLBACK_L2_BYTES
+    props = _torch().cuda.get_device_properties(dev)
     return int(getattr(props, "L2_cache_size", 0) or 0) or FALLBACK_L2_BYTES
 
 
@@ -151,7 +182,7 @@ def _tensor_bytes(inputs: dict) -> int:
 
 
 def make_input_sets(family, shape: dict, cache: str = "cold", device=None,
-                    seed: int = 1000) -> list[dict]:
+                    seed: int = 1000, l2: int | None = None) -> list[dict]:
     """One set (warm) or enough sets that their bytes exceed 2 x L2 (cold; capped at
     MAX_INPUT_SETS sets for tiny shapes, in which case the rotation is short of 2 x L2)."""
     if cache not in ("cold", "warm"):
@@ -162,7 +193,8 @@ def make_input_sets(family, shape: dict, cache: str = "cold", device=None,
     if cache == "warm":
         return sets
     per_set = max(1, _tensor_bytes(first))
-    wanted = min(MAX_INPUT_SETS, max(2, math.ceil(2 * l2_bytes(dev) / per_set) + 1))
+    l2 = l2 if l2 is not None else l2_bytes(dev)
+    wanted = min(MAX_INPUT_SETS, max(2, math.ceil(2 * l2 / per_set) + 1))
     for i in range(1, wanted):
         sets.append(family.make_inputs(shape, dev, seed + i))
     return sets
@@ -187,71 +219,114 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first[:300]}"
 
 
-class GraphTimer:
-    """A CUDA graph of `calls` calls of fn cycling through input sets, and its timed replays."""
+def _first_device(inputs: dict):
+    for value in inputs.values():
+        if hasattr(value, "device"):
+            return value.device
+    raise TunerError("input set holds no tensor")
 
-    def __init__(self, fn, input_sets: list[dict], *, target_graph_us: float = TARGET_GRAPH_US):
-        torch = _torch()
+
+class GraphTimer:
+    """A CUDA graph of `calls` calls of fn cycling through input sets, and its timed replays.
+
+    On a CPU device (only for tests under TRITON_INTERPRET=1) the same protocol runs without a
+    graph: a "replay" runs the calls eagerly and is timed with time.perf_counter."""
+
+    def __init__(self, fn, input_sets: list[dict], *, target_graph_us: float = TARGET_GRAPH_US,
+                 min_calls: int = 8):
+        import torch
+
         self.torch = torch
         self.sets = input_sets
+        self.gpu = _first_device(input_sets[0]).type == "cuda"
         try:
             for inputs in input_sets:  # warm-up: compile, autotune libraries, allocate
                 fn(inputs)
-            torch.cuda.synchronize()
+            self._sync()
             est_us = self._estimate_us(fn)
-            self.calls = self._calls_per_graph(est_us, len(input_sets), target_graph_us)
-            self.graph = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                fn(input_sets[0])  # one more eager call on the capture stream
-            torch.cuda.current_stream().wait_stream(stream)
-            torch.cuda.synchronize()
-            with torch.cuda.graph(self.graph):
+            self.calls = self._calls_per_graph(est_us, len(input_sets), target_graph_us,
+                                               min_calls)
+
+            def body():
                 for i in range(self.calls):
                     fn(input_sets[i % len(input_sets)])
-            torch.cuda.synchronize()
-            self.graph.replay()  # first replay uploads the graph
-            torch.cuda.synchronize()
+
+            if self.gpu:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    fn(input_sets[0])  # one more eager call on a side stream before capture
+                torch.cuda.current_stream().wait_stream(stream)
+                torch.cuda.synchronize()
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph):
+                    body()
+                torch.cuda.synchronize()
+                self._replay = self.graph.replay
+            else:
+                self._replay = body
+            self._replay()  # the first replay uploads the graph
+            self._sync()
         except CandidateFailure:
             raise
         except Exception as exc:  # noqa: BLE001 - every compile/launch/capture fault is data
             raise CandidateFailure(_reason(exc)) from None
 
+    def _sync(self) -> None:
+        if self.gpu:
+            self.torch.cuda.synchronize()
+
     def _estimate_us(self, fn) -> float:
-        torch = self.torch
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        n = max(len(self.sets), 8)
-        start.record()
+        import time
+
+        n = max(len(self.sets), 8 if self.gpu else 1)
+        if self.gpu:
+            torch = self.torch
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for i in range(n):
+                fn(self.sets[i % len(self.sets)])
+            end.record()
+            end.synchronize()
+            return max(start.elapsed_time(end) * 1e3 / n, 0.5)
+        t0 = time.perf_counter()
         for i in range(n):
             fn(self.sets[i % len(self.sets)])
-        end.record()
-        end.synchronize()
-        return max(start.elapsed_time(end) * 1e3 / n, 0.5)
+        return max((time.perf_counter() - t0) * 1e6 / n, 0.5)
 
     @staticmethod
-    def _calls_per_graph(est_us: float, sets: int, target_graph_us: float) -> int:
+    def _calls_per_graph(est_us: float, sets: int, target_graph_us: float,
+                         min_calls: int = 8) -> int:
         """Enough calls for a replay of ~target_graph_us, a multiple of the number of sets, at
         most MAX_CALLS_PER_GRAPH (ROCm: ~1000 launches, two per call)."""
         cap = MAX_CALLS_PER_GRAPH
         if _is_hip():
             cap = HIP_MAX_LAUNCHES_PER_GRAPH // LAUNCHES_PER_CALL_BOUND
-        calls = max(sets, math.ceil(target_graph_us / est_us), 8)
+        calls = max(sets, math.ceil(target_graph_us / est_us), min_calls)
         calls = math.ceil(calls / sets) * sets
         if calls > cap:
             calls = (cap // sets) * sets if sets <= cap else cap
         return calls
 
     def group(self, replays: int) -> float:
-        """Median µs per call over `replays` event-timed replays."""
-        torch = self.torch
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+        """Median µs per call over `replays` timed replays."""
+        import time
+
         try:
+            if not self.gpu:
+                times = []
+                for _ in range(replays):
+                    t0 = time.perf_counter()
+                    self._replay()
+                    times.append((time.perf_counter() - t0) * 1e6 / self.calls)
+                return median(times)
+            torch = self.torch
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
             for i in range(replays):
                 starts[i].record()
-                self.graph.replay()
+                self._replay()
                 ends[i].record()
             ends[-1].synchronize()
         except Exception as exc:  # noqa: BLE001
@@ -267,23 +342,23 @@ def _timing(groups: list[float], cache: str, timer: GraphTimer) -> Timing:
 
 # ------------------------------------------------------------------------------------ public API
 def time_callable(fn, input_sets: list[dict], *, cache: str = "cold", groups: int = DEFAULT_GROUPS,
-                  replays: int = DEFAULT_REPLAYS) -> Timing:
+                  replays: int = DEFAULT_REPLAYS, **timer_options) -> Timing:
     """Time fn(inputs) under the protocol on ready-made input sets."""
-    timer = GraphTimer(fn, input_sets)
+    timer = GraphTimer(fn, input_sets, **timer_options)
     results = [timer.group(replays) for _ in range(groups)]
     return _timing(results, cache, timer)
 
 
 def time_config(family, shape: dict, config, *, cache: str = "cold", device=None,
                 groups: int = DEFAULT_GROUPS, replays: int = DEFAULT_REPLAYS,
-                input_sets: list[dict] | None = None) -> Timing:
+                input_sets: list[dict] | None = None, **timer_options) -> Timing:
     """Time one config dict (or 'default' / 'baseline') of a family for a shape."""
     dev = _device(device)
-    torch = _torch()
-    with torch.cuda.device(dev):
+    with _on(dev):
         sets = input_sets if input_sets is not None else make_input_sets(family, shape, cache, dev)
         _, fn = _callable_for(family, shape, config, backend_name(dev))
-        return time_callable(fn, sets, cache=cache, groups=groups, replays=replays)
+        return time_callable(fn, sets, cache=cache, groups=groups, replays=replays,
+                             **timer_options)
 
 
 def time_baseline(family, shape: dict, *, cache: str = "cold", device=None,
@@ -305,23 +380,22 @@ def paired_from_groups(reference_groups: list[float], candidate_groups: list[flo
 
 def compare(family, shape: dict, candidate, reference="baseline", *, cache: str = "cold",
             device=None, groups: int = 2 * DEFAULT_GROUPS, replays: int = DEFAULT_REPLAYS,
-            input_sets: list[dict] | None = None) -> Paired:
+            input_sets: list[dict] | None = None, **timer_options) -> Paired:
     """Paired, interleaved timing of candidate against reference on the same input sets.
 
     candidate / reference: a config dict, or 'baseline' / 'default'. A failing reference is a
     TunerError; a failing candidate raises CandidateFailure."""
     dev = _device(device)
-    torch = _torch()
-    with torch.cuda.device(dev):
+    with _on(dev):
         backend = backend_name(dev)
         sets = input_sets if input_sets is not None else make_input_sets(family, shape, cache, dev)
         ref_name, ref_fn = _callable_for(family, shape, reference, backend)
         _, cand_fn = _callable_for(family, shape, candidate, backend)
         try:
-            ref_timer = GraphTimer(ref_fn, sets)
+            ref_timer = GraphTimer(ref_fn, sets, **timer_options)
         except CandidateFailure as exc:
             raise TunerError(f"the reference ({ref_name}) failed: {exc.reason}") from None
-        cand_timer = GraphTimer(cand_fn, sets)
+        cand_timer = GraphTimer(cand_fn, sets, **timer_options)
         ref_groups, cand_groups = [], []
         for g in range(groups):
             if g % 2 == 0:
@@ -339,8 +413,142 @@ def compare(family, shape: dict, candidate, reference="baseline", *, cache: str 
 
 
 def aa_noise(family, shape: dict, config="baseline", *, cache: str = "cold", device=None,
-             groups: int = 2 * DEFAULT_GROUPS, replays: int = DEFAULT_REPLAYS) -> Paired:
+             groups: int = 2 * DEFAULT_GROUPS, replays: int = DEFAULT_REPLAYS,
+             **timer_options) -> Paired:
     """The protocol's noise: the same callable against itself (two graphs, same inputs,
     interleaved). The ideal is speedup 1.0; the interval's half-width is the noise band."""
     return compare(family, shape, config, config, cache=cache, device=device, groups=groups,
-                   replays=replays)
+                   replays=replays, **timer_options)
+
+
+# ---------------------------------------------------------------------------- `tuner bench` API
+def parse_shape(text: str, dtype: str | None = None) -> dict:
+    """'m=1,n=14336,k=5120[,dtype=bfloat16]' -> {'m': 1, 'n': 14336, 'k': 5120, 'dtype': ...}."""
+    shape: dict = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if "=" not in part:
+            raise TunerError(f"shape item {part!r} is not KEY=VALUE (e.g. m=1,n=4096,k=4096)")
+        key, value = (s.strip() for s in part.split("=", 1))
+        shape[key] = int(value) if value.lstrip("-").isdigit() else value
+    if dtype:
+        shape["dtype"] = dtype
+    shape.setdefault("dtype", "bfloat16")
+    return shape
+
+
+def parse_config(text: str) -> dict:
+    """'ROWS_PER_BLOCK=4,BLOCK_K=512' -> dict with int values where they parse."""
+    config: dict = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if "=" not in part:
+            raise TunerError(f"config item {part!r} is not KEY=VALUE")
+        key, value = (s.strip() for s in part.split("=", 1))
+        try:
+            config[key] = int(value)
+        except ValueError:
+            try:
+                config[key] = float(value)
+            except ValueError:
+                config[key] = value
+    return config
+
+
+@dataclass
+class BenchRow:
+    label: str
+    config: dict | None
+    median_us: float = float("nan")
+    spread_pct: float = float("nan")
+    tbps: float = float("nan")  # bytes_moved / time, TB/s
+    bandwidth_share: float = float("nan")  # of the profile's measured read bandwidth
+    parity: str = ""  # exact / tolerance / mismatch (hash class vs the default config)
+    output_hash: str = ""
+    rel_err: float = float("nan")
+    failure: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _row(label, config, family, shape, timing: Timing | None, parity_result, profile,
+         failure: str = "") -> BenchRow:
+    row = BenchRow(label=label, config=config, failure=failure)
+    if timing is not None:
+        row.median_us = timing.median_us
+        row.spread_pct = timing.spread_pct
+        row.tbps = family.bytes_moved(shape) / (timing.median_us * 1e-6) / 1e12
+        if profile is not None and profile.read_bandwidth_bytes_per_s > 0:
+            row.bandwidth_share = row.tbps * 1e12 / profile.read_bandwidth_bytes_per_s
+    if parity_result is not None:
+        row.parity = parity_result.parity_class
+        row.output_hash = parity_result.output_hash
+        row.rel_err = parity_result.rel_err
+    return row
+
+
+def bench_one(family, shape: dict, label: str, which, *, checker, input_sets, cache: str,
+              profile=None, groups: int = DEFAULT_GROUPS, replays: int = DEFAULT_REPLAYS,
+              device=None, **timer_options) -> BenchRow:
+    """Time and parity-check one callable ('baseline', 'default' or a config); failures are rows."""
+    backend = backend_name(device)
+    config = None if which == "baseline" else (
+        family.default_config(shape, backend) if which == "default" else dict(which))
+    try:
+        if which == "baseline":
+            parity_result = checker.judge(family.baseline(checker.inputs), "tolerance")
+        else:
+            parity_result = checker.check(config, "tolerance")
+        timing = time_config(family, shape, which if which == "baseline" else config,
+                             cache=cache, groups=groups, replays=replays, input_sets=input_sets,
+                             device=device, **timer_options)
+    except CandidateFailure as exc:
+        return _row(label, config, family, shape, None, None, profile, failure=exc.reason)
+    return _row(label, config, family, shape, timing, parity_result, profile)
+
+
+def sweep(family, shape: dict, *, checker, input_sets, cache: str, profile=None,
+          max_configs: int | None = None, seed: int = 0, groups: int = 5, replays: int = 5,
+          progress: bool = True, device=None, **timer_options) -> list[BenchRow]:
+    """Time every config of the family's search space for this shape (or a seeded sample of
+    `max_configs`, always including the default config). Failures are rows with `failure`."""
+    from .spaces import space_for
+
+    backend = backend_name(device)
+    configs = space_for(family.name, backend).configs(shape)
+    if not configs:
+        raise TunerError(f"the {backend} search space of {family.name} allows no config for "
+                         f"{family.shape_key(shape)}")
+    default = family.default_config(shape, backend)
+    if max_configs is not None and max_configs < len(configs):
+        rng = random.Random(seed)
+        configs = rng.sample(configs, max_configs)
+    if default not in configs:
+        configs.append(default)
+    rows = []
+    iterator = configs
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(configs, desc=f"sweep {family.shape_key(shape)}", unit="cfg",
+                        file=__import__("sys").stderr)
+    for config in iterator:
+        label = "default" if config == default else "sweep"
+        rows.append(bench_one(family, shape, label, config, checker=checker,
+                              input_sets=input_sets, cache=cache, profile=profile,
+                              groups=groups, replays=replays, device=device, **timer_options))
+    return rows
+
+
+def format_rows(rows: list[BenchRow], *, with_config: bool = True) -> str:
+    head = f"{'path':<10} {'median us':>10} {'spread':>7} {'TB/s':>6} {'of BW':>6} " \
+           f"{'parity':<9} {'hash':<16} {'rel err':>8}  config"
+    lines = [head]
+    for r in rows:
+        if r.failure:
+            lines.append(f"{r.label:<10} {'failed':>10}  {r.failure}   {r.config or ''}")
+            continue
+        share = f"{100 * r.bandwidth_share:5.1f}%" if r.bandwidth_share == r.bandwidth_share \
+            else f"{'-':>6}"
+        cfg = "" if not with_config or r.config is None else ",".join(
+            f"{k}={v}" for k, v in r.config.items())
+        lines.append(f"{r.label:<10} {r.median_us:>10.2f} {r.spread_pct:>6.2f}% {r.tbps:>6.2f} "
+                     f"{share} {r.parity:<9} {r.output_hash:<16} {r.rel_err:>8.1e}  {cfg}")
+    return "\n".join(lines)

@@ -125,11 +125,74 @@ def cmd_device(args) -> int:
 # ------------------------------------------------------------------------------------------- bench
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="time baseline, default and given configs for one shape")
+    p.add_argument("--family", default="gemv", help="kernel family (default gemv)")
+    p.add_argument("--shape", required=True, help="e.g. m=1,n=14336,k=5120")
+    p.add_argument("--dtype", default=None, help="bfloat16 (default) or float16")
+    p.add_argument("--config", action="append", default=[], metavar="KEY=V,...",
+                   help="a config to time besides baseline and default (repeatable)")
+    p.add_argument("--cache", choices=("cold", "warm"), default="cold",
+                   help="cold: rotate inputs past 2x L2 (weights from HBM); warm: one input set")
+    p.add_argument("--sweep", action="store_true", help="time every config of the search space")
+    p.add_argument("--top", type=int, default=5, help="best configs to print after --sweep")
+    p.add_argument("--max-configs", type=int, default=None,
+                   help="--sweep a seeded random sample of this many configs (+ the default)")
+    p.add_argument("--groups", type=int, default=10, help="timing groups (default 10)")
+    p.add_argument("--replays", type=int, default=10, help="graph replays per group (default 10)")
+    p.add_argument("--device-profile", default=None, metavar="PATH",
+                   help="DeviceProfile JSON for the bandwidth share (default: the saved profile "
+                        "of this GPU under artifacts/devices)")
     p.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args) -> int:
-    raise TunerError("bench is not implemented yet")
+    import kernels
+
+    from . import bench, device, parity
+    from .errors import warn
+
+    family = kernels.get_family(args.family)
+    shape = bench.parse_shape(args.shape, args.dtype)
+    configs = [bench.parse_config(text) for text in args.config]
+    if args.device_profile:
+        profile = device.load_profile(args.device_profile)
+    else:
+        device.detect()  # NoGPUError (one line, exit 2) before anything else
+        profile = device.find_saved_profile()
+        if profile is None:
+            warn("no measured profile for this GPU: run `tuner device` for the bandwidth share")
+    sets = bench.make_input_sets(family, shape, args.cache)
+    checker = parity.Checker(family, shape, reference="default")
+    print(f"{family.name} {family.shape_key(shape)}  cache={args.cache}  "
+          f"input sets={len(sets)}  backend={bench.backend_name()}  "
+          f"bytes={family.bytes_moved(shape)}")
+    if profile is not None:
+        print(f"profile: {profile.name}, read bandwidth "
+              f"{profile.read_bandwidth_bytes_per_s / 1e12:.3f} TB/s ({profile.source})")
+    timing = {"cache": args.cache, "groups": args.groups, "replays": args.replays}
+    rows = [bench.bench_one(family, shape, "baseline", "baseline", checker=checker,
+                            input_sets=sets, profile=profile, **timing),
+            bench.bench_one(family, shape, "default", "default", checker=checker,
+                            input_sets=sets, profile=profile, **timing)]
+    for i, config in enumerate(configs):
+        rows.append(bench.bench_one(family, shape, f"config{i + 1}" if len(configs) > 1
+                                    else "config", config, checker=checker, input_sets=sets,
+                                    profile=profile, **timing))
+    print(bench.format_rows(rows))
+    if args.sweep:
+        swept = bench.sweep(family, shape, checker=checker, input_sets=sets, cache=args.cache,
+                            profile=profile, max_configs=args.max_configs)
+        ok = sorted((r for r in swept if not r.failure and r.parity != "mismatch"),
+                    key=lambda r: r.median_us)
+        hashes = {r.output_hash for r in swept if r.output_hash}
+        failed = sum(1 for r in swept if r.failure)
+        mismatched = sum(1 for r in swept if r.parity == "mismatch")
+        print(f"\nsweep: {len(swept)} configs, {failed} failed, {mismatched} parity mismatches, "
+              f"{len(hashes)} distinct output hashes; best {min(args.top, len(ok))}:")
+        print(bench.format_rows(ok[: args.top]))
+        if ok and rows[0].median_us == rows[0].median_us:
+            print(f"best vs baseline: {rows[0].median_us / ok[0].median_us:.3f}x   "
+                  f"best vs default: {rows[1].median_us / ok[0].median_us:.3f}x")
+    return 0
 
 
 # ------------------------------------------------------------------------------------------ budget
@@ -329,12 +392,62 @@ def cmd_estimate(args) -> int:
 
 # ------------------------------------------------------------------------------------------ search
 def _add_search(sub) -> None:
-    p = sub.add_parser("search", help="Optuna search over kernel parameters per surviving shape")
+    p = sub.add_parser(
+        "search", help="Optuna search over kernel parameters per surviving shape",
+        description="Budget the shapes, then run one Optuna study per surviving shape (named "
+        "device:family:shape) with one worker process per GPU. Running the same command again "
+        "resumes. See docs/search.md.")
+    p.add_argument("shapes", help="a ShapeTable parquet from `tuner harvest`")
+    p.add_argument("--family", default="gemv", help="kernel family to tune (default gemv)")
+    p.add_argument("--storage", metavar="URL",
+                   help="Optuna storage: sqlite:///path.db (default sqlite:///artifacts/studies.db) "
+                   "or postgresql://user:pass@host/db to share the studies between hosts")
+    p.add_argument("--timeout", metavar="DURATION",
+                   help="wall time of the whole search (8h, 90m, 1h30m), shared among the shapes "
+                   "in proportion to their headroom per token")
+    p.add_argument("--trials", type=int, metavar="N",
+                   help="measured trials per shape (default 100 when no --timeout is given)")
+    p.add_argument("--gpus", metavar="IDS", help="GPU ids to use, one worker each (default: all visible)")
+    p.add_argument("--sampler", default="tpe", choices=("tpe", "grid", "random", "gp", "cmaes"),
+                   help="tpe (default, with constraints), grid (every valid config once), random, "
+                   "gp; cmaes is refused (categorical space)")
+    p.add_argument("--device", metavar="PROFILE",
+                   help="device profile for the budget and the study names: a JSON from `tuner "
+                   "device`, a saved profile name, or a spec name (h200, h100, mi300x)")
+    p.add_argument("--min-saving", metavar="THRESHOLD", default="0.5%",
+                   help="budget threshold: search a shape if it can save this per token: a share of "
+                   "the step (0.5%%) or a time (40us); default 0.5%%")
+    p.add_argument("--parity", choices=("tolerance", "exact"), default="tolerance",
+                   help="which outputs are feasible: within the dtype's tolerance (default) or "
+                   "bit-identical to the default config")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.add_argument("--trial-timeout", metavar="DURATION", default="10m",
+                   help="a trial (compile + parity + timing) running longer hangs: its worker is "
+                   "killed and restarted (default 10m)")
+    p.add_argument("--heartbeat", type=int, default=10, metavar="S",
+                   help="Optuna heartbeat interval in seconds (default 10)")
+    p.add_argument("--grace", type=int, default=60, metavar="S",
+                   help="a RUNNING trial without a heartbeat for this long is failed (default 60)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--objective", metavar="MODULE:FUNC",
+                   help="for tests only: an objective factory replacing the GPU timing")
     p.set_defaults(func=cmd_search)
 
 
 def cmd_search(args) -> int:
-    raise TunerError("search is not implemented yet")
+    from . import budget, search
+
+    threshold = budget.parse_threshold(args.min_saving)
+    summary = search.search(
+        args.shapes, args.family, device=args.device, storage=args.storage,
+        timeout_s=search.parse_duration(args.timeout) if args.timeout else None,
+        trials=args.trials, gpus=search.parse_gpus(args.gpus), sampler=args.sampler,
+        threshold=threshold, seed=args.seed, parity_mode=args.parity,
+        trial_timeout_s=search.parse_duration(args.trial_timeout),
+        objective_factory=args.objective, progress=not args.no_progress,
+        heartbeat_s=args.heartbeat, grace_s=args.grace)
+    print(search.format_summary(summary))
+    return 130 if summary.interrupted else 0
 
 
 # -------------------------------------------------------------------------------------------- rank
@@ -449,6 +562,8 @@ def _add_run(sub) -> None:
     p.add_argument("--min-speedup", type=float, default=1.01,
                    help="rank's speedup gate on the lower confidence bound (default 1.01)")
     p.add_argument("--top", type=int, default=3, help="configs per shape to re-measure (default 3)")
+    p.add_argument("--trials", type=int,
+                   help="stop each shape's search after this many trials (default: the time budget)")
     p.add_argument("-o", "--output", metavar="DIR",
                    help="where shapes, budget, plan and verdicts go (default artifacts/run/<trace>)")
     p.add_argument("--export-dir", metavar="DIR", default="artifacts/export",
@@ -462,7 +577,8 @@ def cmd_run(args) -> int:
     report.run(args.trace, family=args.family, timeout=args.timeout, storage=args.storage,
                device=args.device, min_saving=args.min_saving, out_dir=args.output,
                export_root=args.export_dir, top=args.top, parity=args.parity,
-               min_speedup=args.min_speedup, graph_captured=args.graph_captured)
+               min_speedup=args.min_speedup, graph_captured=args.graph_captured,
+               trials=args.trials)
     return 0
 
 
