@@ -333,10 +333,11 @@ def feasible(trial) -> bool:
         return False
     if attrs.get("parity") == "mismatch":
         return False
-    constraints = trial.system_attrs.get("constraints")
-    if constraints and any(c > 0 for c in constraints):
+    constraints = getattr(trial, "constraints", None) or trial.system_attrs.get("constraints")
+    values = constraints.values() if isinstance(constraints, dict) else (constraints or [])
+    if any(v is not None and v > 0 for v in values):
         return False
-    return "config" in attrs
+    return bool(attrs.get("config"))
 
 
 def best_distinct(trials, top: int) -> list[Candidate]:
@@ -366,7 +367,9 @@ def best_distinct(trials, top: int) -> list[Candidate]:
 
 
 def load_studies(storage: str | None, *, family: str | None = None, device: str | None = None,
-                 top: int = DEFAULT_TOP) -> list[StudyInfo]:
+                 top: int = DEFAULT_TOP, names: list[str] | None = None) -> list[StudyInfo]:
+    """The tuner studies in a storage (optionally only these study names), each with its best
+    `top` distinct feasible configs."""
     import optuna
 
     url = storage_url(storage)
@@ -385,6 +388,8 @@ def load_studies(storage: str | None, *, family: str | None = None, device: str 
         if family and attrs["family"] != family:
             continue
         if device and attrs.get("device") != device:
+            continue
+        if names is not None and summary.study_name not in names:
             continue
         study = optuna.load_study(study_name=summary.study_name, storage=url)
         info_ = StudyInfo(
@@ -407,17 +412,19 @@ def load_studies(storage: str | None, *, family: str | None = None, device: str 
 # ---------------------------------------------------------------------------------- measurement
 def measure_on_gpu(study: StudyInfo, cand: Candidate, parity_mode: str) -> Measured:
     """Parity, then paired timing against the baseline and the default config (GPU)."""
+    from kernels import get_family
+
     from . import bench, parity
 
+    family = get_family(study.family)  # bench and parity take the KernelFamily
     meas = Measured(config=cand.config)
     try:
-        p = parity.check(study.family, study.shape, cand.config, mode=parity_mode,
-                         reference="default")
+        p = parity.check(family, study.shape, cand.config, mode=parity_mode, reference="default")
         meas.parity = Parity(bool(p.passed), p.mode, float(p.rel_err), p.reason)
         if not p.passed:
             return meas
         for name in ("baseline", "default"):
-            r = bench.compare(study.family, study.shape, cand.config, name, cache="cold")
+            r = bench.compare(family, study.shape, cand.config, name, cache="cold")
             pair = Pair(r.reference_us, r.candidate_us, r.speedup, r.speedup_low,
                         r.speedup_high, r.noise_pct)
             if name == "baseline":
@@ -465,18 +472,18 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
          top: int = DEFAULT_TOP, parity_mode: str = "exact",
          min_speedup: float = DEFAULT_MIN_SPEEDUP, threshold: Threshold | str | None = None,
          measure: MeasureFn | None = None, identity: Callable[[str], dict] | None = None,
-         progress: bool = True) -> pd.DataFrame:
+         progress: bool = True, names: list[str] | None = None) -> pd.DataFrame:
     """Load studies, re-measure their best distinct configs, decide. Returns the verdict table."""
     if parity_mode not in ("exact", "tolerance"):
         raise TunerError(f"--parity must be exact or tolerance, not {parity_mode!r}")
     if not (min_speedup > 0):
         raise TunerError(f"--min-speedup must be positive, not {min_speedup}")
     threshold = parse_threshold(threshold)
+    studies = load_studies(storage, family=family, device=device, top=top, names=names)
     if measure is None:
         _require_gpu()
         measure = measure_on_gpu
     identity = identity or identity_columns
-    studies = load_studies(storage, family=family, device=device, top=top)
     measured = []
     for i, study in enumerate(studies, 1):
         results = []

@@ -86,7 +86,7 @@ def spec_key_for(device_name: str) -> str | None:
     return None
 
 
-def choose_profile(device: str | None, trace_devices: list[str]):
+def choose_profile(device: str | None, trace_devices: list[str], gpu: bool = False):
     """(DeviceProfile, label). --device wins; else a measured profile under artifacts/devices for
     the trace's device (or this machine's GPU); else the spec profile matching the trace's device
     name, labelled as such; else ask for --device."""
@@ -97,9 +97,9 @@ def choose_profile(device: str | None, trace_devices: list[str]):
         profile = load_profile(device)
         return profile, f"{profile.name} ({profile.source}, from --device {device})"
     names = [str(n) for n in trace_devices if n and str(n).lower() not in ("nan", "none", "")]
-    ident = current_identity() if have_gpu() else None
-    if ident:
-        names.append(ident["name"])
+    ident = current_identity() if gpu else None
+    if ident:  # the search runs here: budget for this machine's GPU first
+        names.insert(0, ident["name"])
     for name in names:
         path = DEVICES_DIR / f"{device_key_for(name)}.json"
         if path.exists():
@@ -160,7 +160,8 @@ def plan_search(budget: pd.DataFrame, family: str, timeout_s: float) -> pd.DataF
                     calls_per_step=("calls_per_step", "sum"),
                     baseline_us=("baseline_us", "first"), floor_us=("floor_us", "first"),
                     headroom_us_per_token=("_w", "sum"), headroom_share=("headroom_share", "sum"),
-                    step_us=("step_us", "first"))
+                    step_us=("step_us", "first"), step_basis_us=("step_basis_us", "first"),
+                    hit_rate=("hit_rate", "first"))
                .reset_index())
     total = grouped["headroom_us_per_token"].sum()
     if total > 0:
@@ -219,25 +220,64 @@ def _budget_counts(budget: pd.DataFrame, family: str, plan: pd.DataFrame) -> str
 
 
 # ------------------------------------------------------------------------------------ the job
-def run_search(plan: pd.DataFrame, budget_path: Path, *, family: str, storage: str | None,
-               timeout_s: float) -> str | None:
-    """Run tuner.search over the planned shapes under the time budget; returns the storage URL."""
+def search_plans(plan: pd.DataFrame, *, family: str, profile, device_key: str, parity: str,
+                 source: str) -> list:
+    """tuner.search StudyPlans for the planned shapes (this run's budget decides, including
+    --graph-captured; the studies are named for this machine's device)."""
+    import inspect
+
+    from kernels import get_family
+
+    from . import search, spaces
+
+    fam = get_family(family)
+    backend = search.backend_of(profile)
+    space = spaces.space_for(family, backend)
+    takes_sm = "sm_count" in inspect.signature(fam.default_config).parameters
+    plans = []
+    for r in plan.itertuples(index=False):
+        shape = dict(r.shape)
+        default = (fam.default_config(shape, backend, sm_count=profile.multiprocessors or None)
+                   if takes_sm else fam.default_config(shape, backend))
+        study_plan = search.make_plan(
+            family=family, shape=shape, shape_key=r.shape_key, device_key=device_key,
+            backend=backend, space=space, default_config=default,
+            weight=float(r.headroom_us_per_token), parity_mode=parity,
+            attrs={"calls_per_step": float(r.calls_per_step), "step_us": float(r.step_basis_us),
+                   "hit_rate": float(r.hit_rate), "phase": str(r.phase), "source": source})
+        if study_plan.n_valid == 0:
+            warn(f"{r.shape_key}: no config of the search space satisfies its constraints; skipped")
+            continue
+        plans.append(study_plan)
+    return plans
+
+
+def run_search(plans: list, *, storage: str | None, timeout_s: float, out=print,
+               objective=None, trials: int | None = None) -> str:
+    """tuner.search over the plans under the time budget (every visible GPU); the storage URL."""
     from . import search
 
-    fn = getattr(search, "run_search", None) or getattr(search, "search", None)
-    if fn is None:
-        raise TunerError("tuner.search has no run_search()/search() API to call")
-    result = fn(str(budget_path), family=family, storage=storage, timeout_s=timeout_s)
-    url = getattr(result, "storage", None) or (result if isinstance(result, str) else None)
-    return url or storage
+    url = storage if storage and "://" in storage else (
+        f"sqlite:///{storage}" if storage else search.DEFAULT_STORAGE)
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    settings = search.SearchSettings(storage=url, timeout_s=timeout_s, trials=trials,
+                                     objective=objective)
+    summary = search.run_search(plans, settings)
+    out(search.format_summary(summary))
+    return url
 
 
 def run(trace: str | Path, *, family: str = "gemv", timeout: str | float = "30m",
         storage: str | None = None, device: str | None = None, min_saving: str | None = None,
         out_dir: str | Path | None = None, export_root: str | Path | None = None,
         top: int = 3, parity: str = "exact", min_speedup: float = 1.01,
-        graph_captured: bool = False, gpu: bool | None = None, out=print) -> RunResult:
-    """The main job. `gpu=None` detects; False forces the CPU path (harvest, budget, plan)."""
+        graph_captured: bool = False, gpu: bool | None = None, out=print,
+        trials: int | None = None, objective=None, measure=None) -> RunResult:
+    """The main job. `gpu=None` detects; False forces the CPU path (harvest, budget, plan).
+
+    `objective` (a tuner.search objective factory) and `measure` (a tuner.rank measure function)
+    replace the GPU timing, for tests of the whole pipeline on a CPU."""
     from . import budget as budget_mod
     from . import shapetable
     from .runtime import EXPORT_ROOT
@@ -256,7 +296,8 @@ def run(trace: str | Path, *, family: str = "gemv", timeout: str | float = "30m"
     out(f"harvest: {len(table)} call shape(s) from {trace} -> {result.shapes_path}")
 
     # 2. budget
-    profile, result.profile_label = choose_profile(device, list(table["device"].dropna().unique()))
+    profile, result.profile_label = choose_profile(device, list(table["device"].dropna().unique()),
+                                                   gpu=gpu)
     out(f"device profile: {result.profile_label}")
     threshold = (budget_mod.parse_threshold(min_saving) if min_saving
                  else budget_mod.DEFAULT_THRESHOLD)
@@ -295,13 +336,22 @@ def run(trace: str | Path, *, family: str = "gemv", timeout: str | float = "30m"
     from . import rank as rank_mod
     from .runtime import current_identity
 
-    url = run_search(plan, result.budget_path, family=family, storage=storage,
-                     timeout_s=timeout_s)
-    result.searched = True
     ident = current_identity() or {}
+    if not ident.get("key"):
+        raise TunerError("cannot identify this machine's GPU for naming the studies")
+    plans = search_plans(plan, family=family, profile=profile, device_key=ident["key"],
+                         parity=parity, source=str(result.shapes_path))
+    if not plans:
+        out("nothing to search: no planned shape has a valid config in the search space")
+        return result
+    out(f"search: {len(plans)} shape(s) on this machine's GPUs for {_fmt_seconds(timeout_s)}")
+    url = run_search(plans, storage=storage, timeout_s=timeout_s, out=out, objective=objective,
+                     trials=trials)
+    result.searched = True
     verdicts = rank_mod.rank(url, family=family, device=ident.get("key"), top=top,
                              parity_mode=parity, min_speedup=min_speedup,
-                             threshold=min_saving)
+                             threshold=min_saving, measure=measure,
+                             names=[p.study_name for p in plans])
     result.verdicts = verdicts
     result.verdicts_path, md = rank_mod.write(verdicts, out_dir, "verdicts")
     for line in rank_mod.summary_lines(verdicts):

@@ -1,0 +1,313 @@
+"""tuner rank: the decision logic on recorded trial data, and the study -> verdict path.
+
+The studies are real Optuna studies in SQLite with the pinned user attrs (docs/interfaces.md). The
+GPU measurement stands behind the swappable `measure` function; here it replays recorded numbers
+(parity results and paired timings), so every gate is exercised: winner, runner-up, noise,
+not faster, parity failure, too small, failed candidate. Expected numbers are worked by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import optuna
+import pandas as pd
+import pytest
+
+from tuner import rank
+from tuner.cli import main
+from tuner.errors import TunerError
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+# The decode step of the bundled example (Qwen2.5-0.5B, batch 4) as budget sees it under graphs:
+# GPU busy 2198 us per step; the m=4 n=4864 k=896 projection runs 48 times a step.
+STEP_US = 2198.0
+
+
+def study_info(shape_key="m=4,n=4864,k=896,dtype=bfloat16", calls=48.0, step_us=STEP_US,
+               hit_rate=1.0) -> rank.StudyInfo:
+    m, n, k = (int(part.split("=")[1]) for part in shape_key.split(",")[:3])
+    return rank.StudyInfo(name=f"nvidia-h200:gemv:{shape_key}", family="gemv",
+                          shape={"m": m, "n": n, "k": k, "dtype": "bfloat16"},
+                          shape_key=shape_key, device="nvidia-h200", calls_per_step=calls,
+                          step_us=step_us, hit_rate=hit_rate, phase="decode")
+
+
+def cand(rows, trial=0, search_us=4.0) -> rank.Candidate:
+    return rank.Candidate(config={"ROWS_PER_BLOCK": rows, "BLOCK_K": 256, "SPLIT_K": 1,
+                                  "num_warps": 4, "num_stages": 2},
+                          search_us=search_us, trial=trial)
+
+
+def measured(c, *, base, cand_us, low, high, noise=0.6, parity=True, mode="exact", err=0.0,
+             reason="", default_us=None, failure="") -> rank.Measured:
+    return rank.Measured(
+        config=c.config,
+        parity=rank.Parity(parity, mode, err, reason),
+        vs_baseline=rank.Pair(base, cand_us, base / cand_us, low, high, noise),
+        vs_default=(rank.Pair(default_us, cand_us, default_us / cand_us, 0.0, 0.0, noise)
+                    if default_us else None),
+        failure=failure)
+
+
+def test_winner_numbers_worked_by_hand():
+    s = study_info()
+    c = cand(8)
+    table = rank.decide([(s, [(c, measured(c, base=4.80, cand_us=4.00, low=1.17, high=1.23,
+                                            default_us=4.40))])], threshold="0.5%")
+    row = table.iloc[0]
+    assert row["decision"] == "accept" and row["rank"] == 1
+    # saving per call 4.80 - 4.00 = 0.80 us; x 48 calls x hit rate 1 = 38.4 us per token;
+    # 38.4 / 2198 = 1.747% of the step >= 0.5%
+    assert row["saving_us_per_call"] == pytest.approx(0.80)
+    assert row["saving_us_per_token"] == pytest.approx(38.4)
+    assert row["share_of_step"] == pytest.approx(38.4 / 2198.0)
+    assert row["speedup"] == pytest.approx(1.2)
+    assert row["speedup_vs_default"] == pytest.approx(1.1)
+    assert row["parity_mode"] == "exact" and row["parity"].startswith("exact ok")
+    assert json.loads(row["config"])["ROWS_PER_BLOCK"] == 8
+    assert list(table.columns[:len(rank.VERDICT_COLUMNS)]) == rank.VERDICT_COLUMNS
+
+
+def test_hit_rate_scales_the_projection():
+    s = study_info(hit_rate=0.5)
+    c = cand(8)
+    row = rank.decide([(s, [(c, measured(c, base=4.80, cand_us=4.00, low=1.17,
+                                         high=1.23))])]).iloc[0]
+    assert row["saving_us_per_token"] == pytest.approx(0.80 * 48 * 0.5)
+
+
+def test_noisy_candidate_is_rejected_for_noise():
+    s = study_info()
+    c = cand(4)
+    # median 1.02x, but the confidence bound reaches down to 0.995
+    row = rank.decide([(s, [(c, measured(c, base=4.80, cand_us=4.706, low=0.995, high=1.04,
+                                         noise=1.8))])]).iloc[0]
+    assert row["decision"] == "reject"
+    assert row["reason"].startswith("noise:")
+    assert "0.995" in row["reason"] and "1.8" in row["reason"]
+
+
+def test_slower_candidate_is_rejected_as_not_faster():
+    s = study_info()
+    c = cand(1)
+    row = rank.decide([(s, [(c, measured(c, base=4.80, cand_us=5.30, low=0.89, high=0.92))])]
+                      ).iloc[0]
+    assert row["decision"] == "reject" and row["reason"].startswith("not faster:")
+    assert row["saving_us_per_token"] == pytest.approx((4.80 - 5.30) * 48)
+
+
+def test_parity_failure_is_rejected_whatever_its_speed():
+    s = study_info()
+    c = cand(8)
+    m = measured(c, base=4.80, cand_us=3.00, low=1.55, high=1.65, parity=False, err=2.4e-3,
+                 reason="hash differs")
+    row = rank.decide([(s, [(c, m)])]).iloc[0]
+    assert row["decision"] == "reject" and row["reason"].startswith("parity:")
+    assert "hash differs" in row["reason"]
+    assert row["parity_error"] == pytest.approx(2.4e-3)
+    assert "FAILED" in row["parity"]
+
+
+def test_tolerance_mode_is_reported_on_the_row():
+    s = study_info()
+    c = cand(8)
+    m = measured(c, base=4.80, cand_us=4.00, low=1.17, high=1.23, mode="tolerance", err=3.1e-3)
+    row = rank.decide([(s, [(c, m)])]).iloc[0]
+    assert row["decision"] == "accept"
+    assert row["parity_mode"] == "tolerance" and "3.1e-03" in row["parity"]
+
+
+def test_too_small_saving_is_rejected():
+    # the lm_head of the example: 1 call per step; 65.25 -> 62.0 us is a real 1.05x ...
+    s = study_info("m=4,n=151936,k=896,dtype=bfloat16", calls=1.0)
+    c = cand(8)
+    row = rank.decide([(s, [(c, measured(c, base=65.25, cand_us=62.0, low=1.04, high=1.06))])],
+                      threshold="0.5%").iloc[0]
+    # ... but 3.25 us per token is 0.148% of a 2198 us step < 0.5%
+    assert row["decision"] == "reject" and row["reason"].startswith("too small:")
+    assert row["saving_us_per_token"] == pytest.approx(3.25)
+    # an absolute threshold below it accepts the same numbers
+    row = rank.decide([(s, [(c, measured(c, base=65.25, cand_us=62.0, low=1.04, high=1.06))])],
+                      threshold="3us").iloc[0]
+    assert row["decision"] == "accept"
+
+
+def test_failed_candidate_keeps_its_reason():
+    s = study_info()
+    c = cand(8)
+    m = rank.Measured(config=c.config, failure="out of resources: shared memory 263168 > 232448")
+    row = rank.decide([(s, [(c, m)])]).iloc[0]
+    assert row["decision"] == "reject"
+    assert row["reason"] == "failed: out of resources: shared memory 263168 > 232448"
+    assert math.isnan(row["saving_us_per_token"])
+
+
+def test_ranked_by_saving_per_token_not_by_ratio():
+    # A: 1.60x but one call per step -> 8.0 - 5.0 = 3.0 us/token
+    # B: 1.10x on 48 calls per step -> (4.40 - 4.00) x 48 = 19.2 us/token
+    a, b = study_info("m=4,n=151936,k=896,dtype=bfloat16", calls=1.0), study_info()
+    ca, cb = cand(8, trial=1), cand(4, trial=2)
+    table = rank.decide([
+        (a, [(ca, measured(ca, base=8.0, cand_us=5.0, low=1.55, high=1.65))]),
+        (b, [(cb, measured(cb, base=4.40, cand_us=4.00, low=1.08, high=1.12))]),
+    ], threshold="1us")
+    assert list(table["shape"]) == [b.shape_key, a.shape_key]
+    assert list(table["rank"]) == [1, 2]
+    assert table["saving_us_per_token"].tolist() == pytest.approx([19.2, 3.0])
+
+
+def test_one_winner_per_shape_others_are_runners_up():
+    s = study_info()
+    c1, c2, c3 = cand(8, trial=3), cand(4, trial=7), cand(2, trial=9)
+    table = rank.decide([(s, [
+        (c1, measured(c1, base=4.80, cand_us=4.10, low=1.15, high=1.19)),
+        (c2, measured(c2, base=4.80, cand_us=4.00, low=1.18, high=1.22)),
+        (c3, measured(c3, base=4.80, cand_us=4.75, low=0.99, high=1.03)),
+    ])])
+    assert table["decision"].tolist() == ["accept", "runner-up", "reject"]
+    assert json.loads(table.iloc[0]["config"])["ROWS_PER_BLOCK"] == 4  # the faster one
+    assert table["rank"].tolist() == [1, 0, 0]
+
+
+def test_threshold_text_follows_budget():
+    assert rank.parse_threshold("0.5%") == rank.Threshold(share=0.005)
+    assert rank.parse_threshold("40us") == rank.Threshold(us_per_token=40.0)
+    assert rank.parse_threshold("0.04ms") == rank.Threshold(us_per_token=40.0)
+    assert rank.parse_threshold(None) == rank.Threshold(share=0.005)
+    with pytest.raises(TunerError):
+        rank.parse_threshold("lots")
+
+
+# ------------------------------------------------------------------- studies -> rank -> files
+def make_study(url, shape_key, calls, trials):
+    """A study as tuner search leaves it: pinned study attrs, trials with the pinned user attrs."""
+    m, n, k = (int(p.split("=")[1]) for p in shape_key.split(",")[:3])
+    study = optuna.create_study(study_name=f"nvidia-h200:gemv:{shape_key}", storage=url)
+    attrs = {"family": "gemv", "shape": {"m": m, "n": n, "k": k, "dtype": "bfloat16"},
+             "shape_key": shape_key, "device": "nvidia-h200", "backend": "cuda",
+             "baseline_us": 4.8, "default_us": 4.4, "calls_per_step": calls, "step_us": STEP_US,
+             "hit_rate": 1.0, "phase": "decode", "source": "shapes/examples"}
+    for key, value in attrs.items():
+        study.set_user_attr(key, value)
+    for config, us, parity, state in trials:
+        user = {"config": config, "median_us": us, "noise_pct": 0.6, "output_hash": "ab" * 8,
+                "parity": parity, "rel_err": 0.0}
+        if state == "fail":
+            user["failure"] = "compile error"
+            study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL,
+                                                      user_attrs=user, params={}, distributions={}))
+        else:
+            constraints = {"space": 0.0, "parity": 1.0 if state == "infeasible" else 0.0}
+            study.add_trial(optuna.trial.create_trial(value=us, user_attrs=user, params={},
+                                                      distributions={}, constraints=constraints))
+    return study
+
+
+def cfg(rows, block_k=256):
+    return {"ROWS_PER_BLOCK": rows, "BLOCK_K": block_k, "SPLIT_K": 1, "num_warps": 4,
+            "num_stages": 2}
+
+
+@pytest.fixture
+def storage(tmp_path):
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    make_study(url, "m=4,n=4864,k=896,dtype=bfloat16", 48.0, [
+        (cfg(8), 4.00, "exact", "ok"),
+        (cfg(8), 4.02, "exact", "ok"),          # the same config again: one candidate
+        (cfg(1), 3.50, "mismatch", "ok"),       # fastest but infeasible (parity)
+        (cfg(4), 4.10, "exact", "ok"),
+        (cfg(2), 4.30, "exact", "ok"),
+        (cfg(16), 4.60, "exact", "ok"),         # 4th distinct: not re-measured with top=3
+        (cfg(32), 0.0, "exact", "fail"),        # failed trial
+        (cfg(64), 3.90, "exact", "infeasible"),  # parity constraint violated (Optuna 5 API)
+    ])
+    make_study(url, "m=4,n=896,k=4864,dtype=bfloat16", 24.0, [
+        (cfg(2, 512), 6.20, "exact", "ok"),
+    ])
+    return url
+
+
+def recorded_measure(records):
+    calls = []
+
+    def measure(study, candidate, parity_mode):
+        calls.append((study.shape_key, candidate.config["ROWS_PER_BLOCK"], parity_mode))
+        return records[(study.shape_key, candidate.config["ROWS_PER_BLOCK"])](candidate)
+
+    return measure, calls
+
+
+def test_best_distinct_feasible_configs(storage):
+    studies = rank.load_studies(storage, family="gemv", device="nvidia-h200", top=3)
+    by_key = {s.shape_key: s for s in studies}
+    first = by_key["m=4,n=4864,k=896,dtype=bfloat16"]
+    assert [c.config["ROWS_PER_BLOCK"] for c in first.candidates] == [8, 4, 2]
+    assert [c.search_us for c in first.candidates] == [4.00, 4.10, 4.30]
+    assert first.calls_per_step == 48.0 and first.step_us == STEP_US
+    with pytest.raises(TunerError, match="no tuner studies"):
+        rank.load_studies(storage, family="attention")
+    with pytest.raises(TunerError, match="no tuner studies"):
+        rank.load_studies(storage, device="amd-instinct-mi300x")
+
+
+def test_rank_with_swapped_measurement_writes_the_table(storage, tmp_path):
+    big, small = "m=4,n=4864,k=896,dtype=bfloat16", "m=4,n=896,k=4864,dtype=bfloat16"
+    records = {
+        (big, 8): lambda c: measured(c, base=4.80, cand_us=4.00, low=1.17, high=1.23),
+        (big, 4): lambda c: measured(c, base=4.80, cand_us=4.70, low=0.99, high=1.05, noise=2.0),
+        (big, 2): lambda c: measured(c, base=4.80, cand_us=4.50, low=1.05, high=1.08,
+                                     parity=False, err=1e-3, reason="hash differs"),
+        (small, 2): lambda c: rank.Measured(config=c.config, failure="illegal memory access"),
+    }
+    measure, calls = recorded_measure(records)
+    ident = {"device_name": "NVIDIA H200", "arch": "sm90", "backend": "cuda", "torch": "2.11.0",
+             "triton": "3.6.0", "kernel_hash": "0123456789abcdef", "fp_fusion": True}
+    table = rank.rank(storage, family="gemv", device="nvidia-h200", measure=measure,
+                      identity=lambda family: ident, progress=False)
+    assert sorted(calls) == sorted([(big, 8, "exact"), (big, 4, "exact"), (big, 2, "exact"),
+                                    (small, 2, "exact")])
+    assert table["decision"].tolist() == ["accept", "reject", "reject", "reject"]
+    reasons = " | ".join(table["reason"])
+    assert "noise:" in reasons and "parity:" in reasons and "failed: illegal memory" in reasons
+    assert (table["device_name"] == "NVIDIA H200").all() and table["measured_at"].str.len().min() > 0
+
+    parquet, md = rank.write(table, tmp_path / "verdicts", "nvidia-h200-gemv")
+    back = rank.read(parquet)
+    assert back["decision"].tolist() == table["decision"].tolist()
+    text = md.read_text()
+    assert "| 1 | m=4,n=4864,k=896,dtype=bfloat16 | gemv |" in text
+    assert "failed: illegal memory access" in text
+    lines = rank.summary_lines(table)
+    assert "38.40 us/token" in lines[1]
+    assert any("3 candidate(s) rejected" in line for line in lines)
+
+
+def test_rank_cli_without_gpu_says_so(storage, capsys):
+    rc = main(["rank", "--storage", storage, "--family", "gemv"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("tuner: error:") and "GPU" in err and "Traceback" not in err
+
+
+def test_rank_missing_storage_is_one_line(tmp_path, capsys):
+    rc = main(["rank", "--storage", str(tmp_path / "none.db"), "--device", "nvidia-h200"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no study storage" in err and err.count("\n") == 1
+
+
+@pytest.mark.gpu
+def test_measure_on_gpu_real_gemv():
+    """On a GPU: the default config re-measured against the baseline gives a full row."""
+    from kernels.gemv import default_config
+
+    s = study_info("m=4,n=4864,k=896,dtype=bfloat16")
+    c = rank.Candidate(config=default_config(s.shape, "cuda"), search_us=0.0, trial=0)
+    m = rank.measure_on_gpu(s, c, "exact")
+    assert not m.failure and m.parity.passed  # the default config is its own reference
+    assert m.vs_baseline.reference_us > 0 and m.vs_baseline.candidate_us > 0
+    assert m.vs_default.speedup_low <= 1.0 + 0.05
+    row = rank.decide([(s, [(c, m)])]).iloc[0]
+    assert row["decision"] in ("accept", "reject")
