@@ -207,12 +207,13 @@ def saving_per_call_needed(share: float, step_us: float, calls_per_step: float,
     return share * step_us / (calls_per_step * hit_rate)
 
 
+def dtype_name(dtype: str) -> str:
+    """'torch.bfloat16' / 'c10::BFloat16' / 'bfloat16' -> 'bfloat16'."""
+    return str(dtype).strip().lower().removeprefix("torch.").removeprefix("c10::")
+
+
 def dtype_bytes(dtype: str) -> int | None:
-    name = str(dtype).strip().lower()
-    for prefix in ("torch.", "c10::"):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-    return DTYPE_BYTES.get(name)
+    return DTYPE_BYTES.get(dtype_name(dtype))
 
 
 def _int_or_none(row, column: str) -> int | None:
@@ -252,8 +253,7 @@ def bytes_and_flops(row) -> tuple[float, float, str]:
 def floor_us(nbytes: float, nflops: float, dtype: str, profile: DeviceProfile) -> float:
     """Physical floor of one call in µs: max(bytes / bandwidth, flops / matmul rate)."""
     memory_us = nbytes / profile.read_bandwidth_bytes_per_s * 1e6
-    name = str(dtype).lower().removeprefix("torch.").removeprefix("c10::")
-    if name in COMPUTE_FLOOR_DTYPES:
+    if dtype_name(dtype) in COMPUTE_FLOOR_DTYPES:
         return max(memory_us, nflops / profile.bf16_matmul_flops_per_s * 1e6)
     return memory_us
 
@@ -363,7 +363,7 @@ def _verdict(threshold: Threshold, *, baseline: float, floor: float, no_model: s
         return "prune", (f"baseline {baseline:.3g} us is already at the floor {floor:.3g} us "
                          f"(nothing to gain)")
     step_word = "GPU-busy step" if graph_captured else "step"
-    floor_note = f" (floor unknown: {no_model}; headroom = whole baseline)" if no_model else ""
+    floor_note = f" (floor unknown: {no_model})" if no_model else ""
     realistic = threshold.safety * headroom_token
     if threshold.share is not None:
         if not math.isfinite(share):
@@ -424,12 +424,12 @@ def kernel_families() -> list:
     return families
 
 
-def kernel_shape(row, families: list | None = None) -> tuple[str, dict] | None:
-    """The kernel family name and shape dict that serve a ShapeTable row, or None."""
+def kernel_shape(row, families: list | None = None) -> tuple | None:
+    """(KernelFamily, shape dict) of the kernel family that serves a ShapeTable row, or None."""
     for family in kernel_families() if families is None else families:
         shape = family.shape_from_row(row)
         if shape is not None:
-            return family.name, shape
+            return family, shape
     return None
 
 
@@ -455,13 +455,12 @@ def measure_baselines(table: pd.DataFrame) -> pd.Series:
             warn(f"row {index} ({row['op']}, {describe_shape(row)}): no kernel family serves it; "
                  f"keeping the trace's time")
             continue
-        name, shape = found
-        family = next(f for f in families if f.name == name)
+        family, shape = found
         try:
-            # the KernelFamily object: bench reads family.make_inputs / family.baseline from it
+            # bench takes the KernelFamily object (it calls family.make_inputs / family.baseline)
             measured[index] = bench.time_baseline(family, shape, cache="cold").median_us
         except Exception as exc:  # one failing shape must not stop the budget
-            warn(f"row {index} ({name} {shape}): baseline measurement failed ({exc}); "
+            warn(f"row {index} ({family.name} {shape}): baseline measurement failed ({exc}); "
                  f"keeping the trace's time")
     return measured
 
@@ -478,8 +477,9 @@ def _num(value: float, digits: int = 3) -> str:
 
 
 def describe_shape(row) -> str:
-    if str(row["family"]) == "attention" and _int_or_none(row, "heads") is not None:
-        return (f"b={row['batch']} h={_int_or_none(row, 'heads')}/{_int_or_none(row, 'kv_heads')} "
+    heads = _int_or_none(row, "heads")
+    if str(row["family"]) == "attention" and heads is not None:
+        return (f"b={row['batch']} h={heads}/{_int_or_none(row, 'kv_heads') or heads} "
                 f"q={_int_or_none(row, 'q_len')} kv={_int_or_none(row, 'kv_len')} "
                 f"d={_int_or_none(row, 'head_dim')}")
     text = f"m={row['m']} n={row['n']} k={row['k']}"

@@ -247,7 +247,7 @@ def _budget_profile(args, table):
         where = args.device
     else:
         for name in table["device"].dropna().unique():
-            key = DeviceProfile("", "", str(name), "", 0, 0, 0, 0.0, 0.0).key
+            key = DeviceProfile("", "", str(name), "", 0, 0, 0, 0.0, 0.0).key  # as `tuner device` saves it
             if key and (DEVICES_DIR / f"{key}.json").exists():
                 profile = load_profile(DEVICES_DIR / f"{key}.json")
                 where = f"{DEVICES_DIR / key}.json, matching the table's device {name!r}"
@@ -258,7 +258,7 @@ def _budget_profile(args, table):
                 "no device profile: give --device with a profile JSON from `tuner device`, a saved "
                 f"profile name, or a spec name ({', '.join(sorted(SPEC_PROFILES))}); "
                 "or give both --bandwidth and --matmul-rate")
-        profile = DeviceProfile("", "", "given rates", "", 0, 0, 0, bandwidth, rate, source="given")
+        profile = DeviceProfile("", "", "custom", "", 0, 0, 0, bandwidth, rate, source="given")
         return profile, "--bandwidth and --matmul-rate"
     if bandwidth is not None or rate is not None:
         profile = dataclasses.replace(
@@ -279,8 +279,6 @@ def cmd_budget(args) -> int:
     hit_rate = budget.parse_positive(args.hit_rate, "--hit-rate")
     min_kernel_us = budget.parse_positive(args.min_kernel_us, "--min-kernel-us", allow_zero=True)
     table = shapetable.read(args.shapes)
-    if len(table) == 0:
-        raise TunerError(f"{args.shapes} has no rows: nothing to budget")
     if args.phase != "all":
         present = sorted(table["phase"].dropna().unique())
         table = table[table["phase"] == args.phase]
