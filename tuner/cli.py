@@ -614,6 +614,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tuner: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `tuner budget ... | head`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
