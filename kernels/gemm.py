@@ -168,7 +168,7 @@ class CompileReport:
     kernel: str
     target: str
     n_regs: int  # registers per thread (CUDA) / VGPRs incl. AGPRs per lane (AMD)
-    n_spills: int  # spill stores in bytes (CUDA) / spilled VGPRs + SGPRs (AMD)
+    n_spills: int  # stack + local (spill) bytes per thread (CUDA) / spilled VGPRs + SGPRs (AMD)
     shared: int  # shared memory / LDS bytes per block as Triton allocated it
 
 
@@ -231,18 +231,21 @@ def compile_call(call: KernelCall, target) -> CompileReport:
         return CompileReport(kernel.__name__, f"hip:{target.arch}", field("; TotalNumVgprs:") or
                              field(".vgpr_count:"), field(".vgpr_spill_count:") + field(".sgpr_spill_count:"),
                              max(shared, field(".group_segment_fixed_size:")))
-    from triton.backends.nvidia.compiler import get_ptxas
-
+    # Registers and local memory (spills) of the cubin Triton's ptxas produced.
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.TemporaryDirectory() as tmp:
-        ptx_path = Path(tmp) / "k.ptx"
-        ptx_path.write_text(compiled.asm["ptx"])
-        arch = f"sm_{target.arch}a" if target.arch >= 90 else f"sm_{target.arch}"
-        log = subprocess.run([get_ptxas(target.arch).path, "-v", f"--gpu-name={arch}", str(ptx_path),
-                              "-o", str(Path(tmp) / "k.cubin")], capture_output=True, text=True, check=True)
-    regs = re.search(r"Used (\d+) registers", log.stderr)
-    spills = re.search(r"(\d+) bytes spill stores", log.stderr)
-    return CompileReport(kernel.__name__, f"cuda:{target.arch}", int(regs.group(1)) if regs else 0,
-                         int(spills.group(1)) if spills else 0, shared)
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True,
+                               text=True, check=True).stdout
+
+    def field(key):
+        found = re.search(rf"{key}:(\d+)", usage)
+        return int(found.group(1)) if found else 0
+
+    # Spilled registers live in the per-thread stack frame (STACK) or local memory (LOCAL).
+    return CompileReport(kernel.__name__, f"cuda:{target.arch}", field("REG"),
+                         field("STACK") + field("LOCAL"), shared)
 
 
 def compile_config(family_module, shape: dict, config: dict, target) -> list[CompileReport]:
