@@ -50,6 +50,15 @@ def detect_identity() -> dict | None:
         return None
     if not torch.cuda.is_available():
         return None
+    try:  # the project's detection (tuner.device), so names and arches match the profiles
+        from .device import detect, versions
+
+        fields, found = detect(), versions()
+        return {"key": device_key_for(fields["name"]), "name": fields["name"],
+                "arch": fields["arch"], "backend": fields["backend"],
+                "torch": found.get("torch", torch.__version__), "triton": found.get("triton", "")}
+    except (ImportError, AttributeError, KeyError):
+        pass
     index = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     if getattr(torch.version, "hip", None):
