@@ -96,36 +96,52 @@ _CONTEXT_LOST_MARKERS = ("illegal memory access", "unspecified launch failure",
 
 
 class GpuObjective:
-    """Times a config with tuner.bench (cold L2) and checks its parity with tuner.parity."""
+    """Times a config with tuner.bench (cold L2) and checks its parity with tuner.parity.
+
+    The parity inputs, the reference output and the cold-L2 input sets are made once per shape
+    (the first time they are needed) and reused by every trial of that shape in this worker."""
 
     def __init__(self, plan: "StudyPlan"):
+        from kernels import get_family
+
         self.plan = plan
+        self.family = get_family(plan.family)
+        self._checker = None
+        self._input_sets = None
+
+    def _sets(self):
+        from tuner import bench
+
+        if self._input_sets is None:
+            self._input_sets = bench.make_input_sets(self.family, self.plan.shape, "cold")
+        return self._input_sets
 
     def baseline_us(self) -> float:
         from tuner import bench
 
-        return float(bench.time_baseline(self.plan.family, self.plan.shape, cache="cold").median_us)
+        timing = bench.time_baseline(self.family, self.plan.shape, cache="cold",
+                                     input_sets=self._sets())
+        return float(timing.median_us)
 
     def evaluate(self, config: dict) -> TrialResult:
         from tuner import bench, parity
 
         plan = self.plan
         try:
-            check = parity.check(plan.family, plan.shape, config, mode=plan.parity_mode,
-                                 reference="default")
-            timing = bench.time_config(plan.family, plan.shape, config, cache="cold")
+            if self._checker is None:
+                self._checker = parity.Checker(self.family, plan.shape, reference="default")
+            check = self._checker.check(config, plan.parity_mode)
+            timing = bench.time_config(self.family, plan.shape, config, cache="cold",
+                                       input_sets=self._sets())
         except bench.CandidateFailure as exc:
             return TrialResult(failure=f"candidate: {exc}", fatal=_context_lost(str(exc)))
         except Exception as exc:  # noqa: BLE001 - any error of a candidate is data
             text = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
             return TrialResult(failure=f"error: {text}", fatal=_context_lost(str(exc)))
-        exact = bool(check.output_hash) and check.output_hash == check.reference_hash
-        if exact:
-            parity_class = "exact"
-        elif check.passed and plan.parity_mode == "tolerance":
-            parity_class = "tolerance"
-        else:
-            parity_class = "mismatch"
+        parity_class = getattr(check, "parity_class", None)
+        if parity_class is None:
+            parity_class = ("exact" if check.output_hash == check.reference_hash
+                            else "tolerance" if check.passed else "mismatch")
         return TrialResult(median_us=float(timing.median_us), noise_pct=float(timing.spread_pct),
                            output_hash=check.output_hash, parity=parity_class,
                            rel_err=float(check.rel_err))
@@ -191,6 +207,7 @@ class SearchSettings:
     grace_s: int = 60
     objective: Any = None  # ObjectiveFactory, "module:function", or None (GPU)
     progress: bool = True
+    slice_s: float | None = None  # a worker re-picks its study this often (None: from the timeout)
 
 
 def config_key(config: dict) -> str:
@@ -358,9 +375,12 @@ def make_storage(url: str, heartbeat_s: int | None = 10, grace_s: int | None = 6
         # Optuna commits every attribute separately; with SQLite's default (fsync per commit)
         # that is ~10 ms each, ~0.4 s per trial. In WAL mode, synchronous=NORMAL keeps the file
         # consistent after a crash or kill -9 (only a power loss can drop the last commits).
+        # BEGIN IMMEDIATE takes the write lock before a transaction reads, so two workers cannot
+        # both pop the same enqueued trial (SQLite ignores SELECT ... FOR UPDATE).
         import sqlalchemy
 
         sqlalchemy.event.listen(storage.engine, "connect", _sqlite_pragmas)
+        sqlalchemy.event.listen(storage.engine, "begin", _sqlite_begin)
         storage.engine.dispose()
     return storage
 
@@ -376,9 +396,14 @@ def _sqlite_wal(path: Path) -> None:
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    dbapi_connection.isolation_level = None  # SQLAlchemy's "begin" event issues BEGIN itself
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def _sqlite_begin(connection) -> None:
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _retry_stale_trial(study, trial) -> None:
@@ -420,11 +445,20 @@ def _set_constraints(trial, space: float, parity: float) -> None:
         trial.set_constraint("parity", float(parity))
 
 
+def parity_ok(parity_class: str, parity_mode: str) -> bool:
+    """Is a trial's parity class feasible under the search's parity mode?"""
+    if parity_mode == "exact":
+        return parity_class == "exact"
+    return parity_class in ("exact", "tolerance")
+
+
 def _constraints_from_attrs(frozen) -> tuple[float, float]:
-    """constraints_func for Optuna < 5 (same values as _set_constraints writes)."""
+    """constraints_func for Optuna < 5 (the values _set_constraints writes; under --parity
+    exact the 'parity' attr of a non-exact output is 'tolerance' and Optuna 5 has the value)."""
     failure = str(frozen.user_attrs.get("failure") or "")
+    parity = frozen.user_attrs.get("parity")
     return (1.0 if failure.startswith("constraint") else 0.0,
-            1.0 if frozen.user_attrs.get("parity") == "mismatch" else 0.0)
+            1.0 if parity is not None and parity == "mismatch" else 0.0)
 
 
 def _is_feasible(frozen) -> bool:
@@ -622,19 +656,30 @@ def _worker_main(args: _WorkerArgs, conn, stop_event) -> None:
     by_name = {p.study_name: p for p in args.plans}
     streak: dict[str, int] = {}  # trials in a row that the sampler spent on known / invalid configs
     rng = random.Random(args.seed)
+    plan, slice_end = None, 0.0
     while not stop_event.is_set() and (args.deadline is None or time.time() < args.deadline):
-        states = {}
-        for plan in args.plans:
-            if plan.study_name not in studies:
-                studies[plan.study_name] = optuna.load_study(
-                    study_name=plan.study_name, storage=storage,
-                    sampler=make_sampler(settings.sampler, args.seed, plan.n_valid))
-            states[plan.study_name] = read_state(studies[plan.study_name].get_trials(deepcopy=False), plan)
-        plan = _pick(states, args.plans, settings, args.slot)
-        if plan is None:
-            break
+        for p in args.plans:
+            if p.study_name not in studies:
+                studies[p.study_name] = optuna.load_study(
+                    study_name=p.study_name, storage=storage,
+                    sampler=make_sampler(settings.sampler, args.seed, p.n_valid))
+        state = None
+        if plan is not None and time.time() < slice_end:
+            # within a time slice: stay on this study and read only its trials
+            state = read_state(studies[plan.study_name].get_trials(deepcopy=False), plan)
+            if study_done(state, plan, settings.trials):
+                plan = None
+        if plan is None or state is None:
+            states = {p.study_name: read_state(studies[p.study_name].get_trials(deepcopy=False), p)
+                      for p in args.plans}
+            plan = _pick(states, args.plans, settings, args.slot)
+            if plan is None:
+                break
+            state = states[plan.study_name]
+            slice_end = time.time() + _slice_s(settings, len(args.plans))
         study = studies[plan.study_name]
         if plan.study_name not in objectives:
+            objectives.clear()  # one shape's inputs on the GPU at a time
             objectives[plan.study_name] = factory(plan)
         objective = objectives[plan.study_name]
         if "baseline_us" not in study.user_attrs:
@@ -646,16 +691,18 @@ def _worker_main(args: _WorkerArgs, conn, stop_event) -> None:
                 study.set_user_attr("baseline_error", f"{type(exc).__name__}: {exc}"[:500])
         outcome: dict = {}
         try:
-            study.optimize(lambda trial: _run_trial(trial, study, plan, objective, conn, args.slot, outcome),
+            study.optimize(lambda trial: _run_trial(trial, plan, state, objective, conn, args.slot,
+                                                    outcome),
                            n_trials=1, catch=(TrialFailed,), gc_after_trial=False)
         except (ValueError, optuna.exceptions.UpdateFinishedTrialError) as exc:
-            # SQLite has no row locks: two workers can pop the same enqueued trial; the second
-            # one's result cannot be told. The trial has its result from the first: go on.
+            # Two workers popped the same enqueued trial (a race Optuna's RDB storage leaves open
+            # without row locks); the second one's result cannot be told. Go on.
             if "Cannot tell" not in str(exc) and not isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
                 raise
             outcome["what"] = "duplicate"
-        state = read_state(study.get_trials(deepcopy=False), by_name[plan.study_name])
         best = state.best.value if state.best is not None else None
+        if outcome.get("value") is not None and (best is None or outcome["value"] < best):
+            best = outcome["value"]
         if outcome.get("what") in ("duplicate", "constraint"):
             streak[plan.study_name] = streak.get(plan.study_name, 0) + 1
         else:
@@ -677,9 +724,20 @@ def _worker_main(args: _WorkerArgs, conn, stop_event) -> None:
     conn.close()
 
 
-def _run_trial(trial, study, plan: StudyPlan, objective: Objective, conn, slot: int,
+def _slice_s(settings: SearchSettings, n_plans: int) -> float:
+    """How long a worker stays on the study it picked before it compares all studies again
+    (reading every study's trials costs a few ms per trial; a slice keeps that off each trial)."""
+    if settings.slice_s is not None:
+        return settings.slice_s
+    if settings.timeout_s:
+        return max(0.0, min(60.0, settings.timeout_s / (4 * max(1, n_plans))))
+    return 60.0
+
+
+def _run_trial(trial, plan: StudyPlan, state: StudyState, objective: Objective, conn, slot: int,
                outcome: dict) -> float:
-    """The Optuna objective of one trial (runs inside study.optimize)."""
+    """The Optuna objective of one trial (runs inside study.optimize). `state`: the study as read
+    just before this trial (for configs it already has)."""
     params = {name: trial.suggest_categorical(name, list(choices))
               for name, choices in plan.space.params.items()}
     config = _full_config(plan.default_config, params)
@@ -694,7 +752,7 @@ def _run_trial(trial, study, plan: StudyPlan, objective: Objective, conn, slot: 
 
         raise optuna.TrialPruned("constraint")
     key = config_key(config)
-    prior = read_state(study.get_trials(deepcopy=False), plan).known.get(key)
+    prior = state.known.get(key)
     if prior is not None and prior.number != trial.number:
         return _replay(trial, prior, outcome)
     try:
@@ -702,10 +760,10 @@ def _run_trial(trial, study, plan: StudyPlan, objective: Objective, conn, slot: 
     except Exception as exc:  # noqa: BLE001 - a candidate's error is data, not the end of the search
         text = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
         result = TrialResult(failure=f"error: {text}", fatal=_context_lost(str(exc)))
-    return _record(trial, result, outcome)
+    return _record(trial, result, outcome, plan.parity_mode)
 
 
-def _record(trial, result: TrialResult, outcome: dict) -> float:
+def _record(trial, result: TrialResult, outcome: dict, parity_mode: str = "tolerance") -> float:
     outcome["fatal"] = bool(result.fatal)
     if result.failure:
         trial.set_user_attr("failure", str(result.failure))
@@ -721,8 +779,10 @@ def _record(trial, result: TrialResult, outcome: dict) -> float:
     trial.set_user_attr("parity", result.parity)
     trial.set_user_attr("rel_err", None if result.rel_err is None or not math.isfinite(result.rel_err)
                         else float(result.rel_err))
-    _set_constraints(trial, space=0.0, parity=1.0 if result.parity == "mismatch" else 0.0)
-    outcome["what"] = "mismatch" if result.parity == "mismatch" else "ok"
+    infeasible = not parity_ok(result.parity, parity_mode)
+    _set_constraints(trial, space=0.0, parity=1.0 if infeasible else 0.0)
+    outcome["what"] = "mismatch" if infeasible else "ok"
+    outcome["value"] = None if infeasible else float(result.median_us)
     if trial.user_attrs.get("role") == "default":
         trial.study.set_user_attr("default_us", float(result.median_us))
     return float(result.median_us)

@@ -1,0 +1,397 @@
+"""tuner search: the real orchestration (studies, workers, supervision, heartbeats) on real
+storages (SQLite files and the PostgreSQL server of `postgres_url`).
+
+The GPU timing is replaced by `make_fake`, a cheap deterministic objective, through the same
+`objective_factory` interface the GPU objective uses; everything else is the code that runs on
+the GPU host. Environment variables steer the fake inside the spawned workers:
+FAKE_SLEEP (seconds per evaluation), FAKE_CRASH (a config key: the worker kills itself with
+SIGKILL, once per FAKE_MARK_DIR), FAKE_HANG (a config key: the evaluation never returns),
+FAKE_LOG (a file: every evaluated config is appended, to prove what ran on the "GPU").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tuner import search, shapetable
+from tuner.cli import main
+from tuner.errors import TunerError
+from tuner.search import TrialResult
+from tuner.spaces import SearchSpace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A small space with a constraint: 27 combinations, 24 allowed.
+SPACE = SearchSpace("fake", "cuda",
+                    {"BLOCK_N": [16, 32, 64], "BLOCK_K": [32, 64, 128], "num_warps": [1, 2, 4]},
+                    ("BLOCK_N * BLOCK_K <= 4096",))
+DEFAULT = {"BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 2}
+
+
+# ------------------------------------------------------------------------------ the fake objective
+def fake_time(plan, config: dict) -> TrialResult:
+    """Deterministic 'timing' of any space: a bowl over the choice indices (minimum away from the
+    default), one fast config whose output 'mismatches', one config that 'fails to compile'."""
+    names = [p for p in plan.space.params if len(plan.space.params[p]) > 1]
+    idx = [plan.space.params[p].index(config[p]) for p in names]
+    mids = [(len(plan.space.params[p]) - 1) * 0.6 for p in names]
+    us = 10.0 + sum((i - m) ** 2 * (1.0 + 0.25 * j) for j, (i, m) in enumerate(zip(idx, mids)))
+    us += plan.shape["n"] / 1000.0
+    if idx[0] == 0 and idx[-1] == len(plan.space.params[names[-1]]) - 1:
+        return TrialResult(median_us=5.0, noise_pct=1.0, output_hash="bad", parity="mismatch",
+                           rel_err=0.5)
+    if idx[1] == len(plan.space.params[names[1]]) - 1 and idx[-1] == 0:
+        return TrialResult(failure="candidate: OutOfResources: shared memory 300000 > 232448")
+    return TrialResult(median_us=round(us, 4), noise_pct=1.0, output_hash="h0", parity="exact",
+                       rel_err=0.0)
+
+
+class FakeObjective:
+    def __init__(self, plan):
+        self.plan = plan
+
+    def baseline_us(self) -> float:
+        return 40.0 + self.plan.shape["n"] / 1000.0
+
+    def evaluate(self, config: dict) -> TrialResult:
+        key = search.config_key(config)
+        if os.environ.get("FAKE_LOG"):
+            with open(os.environ["FAKE_LOG"], "a") as f:
+                f.write(key + "\n")
+        if not self.plan.space.allows({p: config[p] for p in self.plan.space.params}, self.plan.shape):
+            return TrialResult(failure="fake: a config outside the constraints was evaluated")
+        if os.environ.get("FAKE_HANG") == key:
+            time.sleep(3600)
+        if os.environ.get("FAKE_CRASH") == key:
+            mark = Path(os.environ["FAKE_MARK_DIR"]) / "crashed"
+            if not mark.exists():
+                mark.write_text("1")
+                os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
+        return fake_time(self.plan, config)
+
+
+def make_fake(plan):
+    return FakeObjective(plan)
+
+
+# ------------------------------------------------------------------------------------ helpers
+def plans_for(device_key: str, shapes=((1024, 1.0),), space=SPACE, default=DEFAULT):
+    return [search.make_plan(family="fake", shape={"m": 1, "n": n, "k": 4096, "dtype": "bfloat16"},
+                             shape_key=f"m=1,n={n},k=4096", device_key=device_key, backend="cuda",
+                             space=space, default_config=default, weight=w,
+                             attrs={"calls_per_step": 24.0, "step_us": 9000.0, "hit_rate": 1.0,
+                                    "phase": "decode", "source": "test"})
+            for n, w in shapes]
+
+
+def settings(storage: str, **kw) -> search.SearchSettings:
+    base = dict(storage=storage, sampler="grid", gpus=["0"], objective=make_fake, progress=False,
+                heartbeat_s=1, grace_s=2, seed=0)
+    base.update(kw)
+    return search.SearchSettings(**base)
+
+
+def expected_best(plan) -> tuple[dict, float]:
+    """Brute force over the allowed configs: the fastest feasible one that runs."""
+    best = None
+    for params in plan.space.configs(plan.shape):
+        config = {**plan.default_config, **params}
+        r = fake_time(plan, config)
+        if r.failure or r.parity == "mismatch":
+            continue
+        if best is None or r.median_us < best[1]:
+            best = (config, r.median_us)
+    return best
+
+
+def trials_of(storage_url: str, name: str):
+    import optuna
+
+    storage = search.make_storage(storage_url, None, None)
+    return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=True)
+
+
+def state_counts(trials) -> dict:
+    out: dict = {}
+    for t in trials:
+        out[t.state.name] = out.get(t.state.name, 0) + 1
+    return out
+
+
+@pytest.fixture
+def pg(postgres_url):
+    """The PostgreSQL URL and a unique device key; deletes this test's studies afterwards."""
+    import optuna
+
+    key = f"test-{uuid.uuid4().hex[:10]}"
+    yield postgres_url, key
+    storage = search.make_storage(postgres_url, None, None)
+    for s in storage.get_all_studies():
+        if s.study_name.startswith(key + ":"):
+            optuna.delete_study(study_name=s.study_name, storage=storage)
+
+
+# ---------------------------------------------------------------------------------- the tests
+def test_grid_sqlite_records_every_outcome_and_finds_the_feasible_best(tmp_path, monkeypatch):
+    log = tmp_path / "evaluated.txt"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    plans = plans_for("grid-test", shapes=((1024, 2.0), (2048, 1.0)))
+    summary = search.run_search(plans, settings(url, gpus=["0", "1"]))
+
+    for plan, result in zip(plans, summary.shapes):
+        trials = trials_of(url, plan.study_name)
+        # trial 0 is the enqueued default config
+        assert trials[0].user_attrs["role"] == "default"
+        assert trials[0].user_attrs["config"] == DEFAULT
+        # every allowed config measured exactly once; nothing outside the constraints ran
+        measured = [t for t in trials if "duplicate_of" not in t.user_attrs]
+        keys = sorted(search.config_key(t.user_attrs["config"]) for t in measured)
+        assert keys == sorted(plan.valid_keys)
+        # the mismatching config is COMPLETE but infeasible, with its hash class
+        mismatched = [t for t in measured if t.user_attrs.get("parity") == "mismatch"]
+        assert mismatched and all(t.state.name == "COMPLETE" for t in mismatched)
+        assert all(t.constraints["parity"] == 1.0 for t in mismatched)
+        assert all(t.user_attrs["output_hash"] == "bad" for t in mismatched)
+        # the config that does not compile is FAIL with its reason
+        failed = [t for t in measured if t.state.name == "FAIL"]
+        assert failed and all(t.user_attrs["failure"].startswith("candidate: OutOfResources")
+                              for t in failed)
+        # the best is the fastest feasible config, not the faster mismatching one
+        config, us = expected_best(plan)
+        assert result.best_config == config and result.best_us == pytest.approx(us)
+        assert min(t.value for t in mismatched) < us
+        assert result.status == "exhausted"
+        # study attributes as docs/interfaces.md pins them, plain JSON
+        import optuna
+
+        study = optuna.load_study(study_name=plan.study_name,
+                                  storage=search.make_storage(url, None, None))
+        attrs = study.user_attrs
+        assert attrs["family"] == "fake" and attrs["shape"] == plan.shape
+        assert attrs["shape_key"] == plan.shape_key and attrs["device"] == "grid-test"
+        assert attrs["backend"] == "cuda" and attrs["default_config"] == DEFAULT
+        assert attrs["baseline_us"] == pytest.approx(40.0 + plan.shape["n"] / 1000.0)
+        assert attrs["default_us"] == pytest.approx(fake_time(plan, DEFAULT).median_us)
+        assert attrs["calls_per_step"] == 24.0 and attrs["phase"] == "decode"
+        json.dumps(attrs)
+        assert result.speedup_vs_baseline == pytest.approx(attrs["baseline_us"] / us)
+        assert result.speedup_vs_default == pytest.approx(attrs["default_us"] / us)
+    evaluated = log.read_text().split("\n")
+    assert not any("fake: a config outside" in line for line in evaluated)
+    # the summary names every shape, its best config and speedups
+    text = search.format_summary(summary)
+    assert "m=1,n=1024,k=4096" in text and "exhausted" in text
+
+
+def test_tpe_postgres_two_workers_resume_is_idempotent(pg):
+    url, key = pg
+    plans = plans_for(key)
+    first = search.run_search(plans, settings(url, sampler="tpe", trials=10, gpus=["0", "1"]))
+    trials = trials_of(url, plans[0].study_name)
+    assert first.shapes[0].measured == 10
+    # TPE's invalid proposals are PRUNED with the "space" constraint and never evaluated
+    pruned = [t for t in trials if t.state.name == "PRUNED"]
+    for t in pruned:
+        assert t.user_attrs["failure"].startswith("constraint")
+        assert t.constraints["space"] == 1.0
+    complete = {t.number: t.value for t in trials if t.state.name == "COMPLETE"}
+
+    again = search.run_search(plans, settings(url, sampler="tpe", trials=10, gpus=["0", "1"]))
+    assert [t.number for t in trials_of(url, plans[0].study_name)] == [t.number for t in trials]
+    assert again.shapes[0].best_us == first.shapes[0].best_us
+
+    more = search.run_search(plans, settings(url, sampler="tpe", trials=14, gpus=["0", "1"]))
+    after = trials_of(url, plans[0].study_name)
+    assert more.shapes[0].measured == 14
+    assert {t.number: t.value for t in after if t.number in complete} == complete
+    assert more.shapes[0].best_us <= first.shapes[0].best_us
+
+
+def test_time_budget_is_shared_in_proportion_to_headroom(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SLEEP", "0.05")
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    plans = plans_for("share-test", shapes=((1024, 3.0), (2048, 1.0)))
+    summary = search.run_search(plans, settings(url, sampler="random", timeout_s=4.0))
+    spent = {s.shape_key: s.spent_s for s in summary.shapes}
+    ratio = spent["m=1,n=1024,k=4096"] / spent["m=1,n=2048,k=4096"]
+    assert 2.0 < ratio < 4.5, spent
+    assert all(s.status == "time" for s in summary.shapes)
+    assert summary.wall_s < 4.0 + 10
+    assert search.share_time(plans, 8.0) == {plans[0].study_name: 6.0, plans[1].study_name: 2.0}
+
+
+def test_worker_killed_mid_trial_is_restarted_and_the_trial_retried(tmp_path, monkeypatch):
+    """A candidate that kills its worker (SIGKILL, as a corrupted GPU context can): the parent
+    marks the trial FAIL with the reason, enqueues it once more, starts a fresh worker."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    plans = plans_for("crash-test")
+    best_config, best_us = expected_best(plans[0])
+    monkeypatch.setenv("FAKE_CRASH", search.config_key(best_config))
+    monkeypatch.setenv("FAKE_MARK_DIR", str(tmp_path))
+    summary = search.run_search(plans, settings(url))
+    trials = trials_of(url, plans[0].study_name)
+    died = [t for t in trials if str(t.user_attrs.get("failure", "")).startswith("worker died")]
+    assert len(died) == 1 and "SIGKILL" in died[0].user_attrs["failure"]
+    assert died[0].state.name == "FAIL"
+    retried = [t for t in trials if t.user_attrs.get("retry_of") == died[0].number]
+    assert len(retried) == 1 and retried[0].state.name == "COMPLETE"
+    assert summary.worker_restarts == 1
+    assert summary.shapes[0].best_config == best_config
+    assert summary.shapes[0].best_us == pytest.approx(best_us)
+
+
+def test_hung_trial_is_killed_and_recorded_as_timeout(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    plans = plans_for("hang-test")
+    hang = {"BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 2}
+    monkeypatch.setenv("FAKE_HANG", search.config_key(hang))
+    summary = search.run_search(plans, settings(url, trial_timeout_s=1.5))
+    trials = trials_of(url, plans[0].study_name)
+    hung = [t for t in trials if t.user_attrs.get("config") == hang]
+    assert len(hung) == 1  # not retried: a hang costs the whole timeout
+    assert hung[0].state.name == "FAIL" and hung[0].user_attrs["failure"].startswith("timeout")
+    assert summary.shapes[0].status == "exhausted"
+
+
+_CHILD = """
+import sys
+sys.path[:0] = [{tests!r}, {root!r}]
+import test_search as t
+from tuner import search
+if __name__ == "__main__":
+    plans = t.plans_for({key!r})
+    search.run_search(plans, t.settings({url!r}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_kill9_whole_search_then_resume(backend, tmp_path, request):
+    """kill -9 the search (parent and worker) mid-study; the same command again: no completed
+    trial lost, the trial left RUNNING becomes FAIL (heartbeat) and is retried, and the final
+    best equals an uninterrupted run's."""
+    if backend == "postgres":
+        url, key = request.getfixturevalue("pg")
+    else:
+        url, key = f"sqlite:///{tmp_path / 'studies.db'}", "kill-test"
+    env = {**os.environ, "FAKE_SLEEP": "0.15"}
+    code = _CHILD.format(tests=str(ROOT / "tests"), root=str(ROOT), key=key, url=url)
+    child = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    plans = plans_for(key)
+    name = plans[0].study_name
+    deadline = time.time() + 60
+    try:
+        while time.time() < deadline:
+            time.sleep(0.3)
+            try:
+                trials = trials_of(url, name)
+            except Exception:  # noqa: BLE001 - the study is not created yet
+                continue
+            if sum(t.state.name == "COMPLETE" for t in trials) >= 8 and \
+                    any(t.state.name == "RUNNING" for t in trials):
+                break
+        os.killpg(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(timeout=30)
+    before = trials_of(url, name)
+    running = [t for t in before if t.state.name == "RUNNING"]
+    assert len(running) == 1, state_counts(before)
+    complete = {t.number: t.value for t in before if t.state.name == "COMPLETE"}
+    time.sleep(3)  # past the grace period: the heartbeat is stale
+
+    resumed = search.run_search(plans, settings(url))
+    after = {t.number: t for t in trials_of(url, name)}
+    assert {n: after[n].value for n in complete} == complete  # nothing completed was lost
+    stale = after[running[0].number]
+    assert stale.state.name == "FAIL"
+    retry = [t for t in after.values() if t.user_attrs.get("retry_of") == stale.number]
+    assert len(retry) == 1 and retry[0].state.name in ("COMPLETE", "FAIL")
+    assert retry[0].user_attrs["config"] == stale.user_attrs["config"]
+
+    clean_key = key + "-clean"
+    clean_url = url if backend == "postgres" else f"sqlite:///{tmp_path / 'clean.db'}"
+    clean = search.run_search(plans_for(clean_key), settings(clean_url))
+    if backend == "postgres":
+        import optuna
+
+        optuna.delete_study(study_name=plans_for(clean_key)[0].study_name,
+                            storage=search.make_storage(url, None, None))
+    assert resumed.shapes[0].best_config == clean.shapes[0].best_config
+    assert resumed.shapes[0].best_us == clean.shapes[0].best_us
+    assert resumed.shapes[0].status == clean.shapes[0].status == "exhausted"
+
+
+# ------------------------------------------------------------------------- budget and the CLI
+def _table(rows):
+    base = {c: 0 for c in shapetable.COLUMNS}
+    base.update(op="aten::mm", family="gemm", phase="decode", dtype="bfloat16", layout="NT",
+                kernels="k", source="test", device="NVIDIA H200", batch=1, steps=100,
+                step_us=20000.0, step_gpu_us=18000.0, share=0.0)
+    out = []
+    for m, n, k, us, calls in rows:
+        out.append({**base, "m": m, "n": n, "k": k, "us_per_call": us, "calls_per_step": calls,
+                    "calls": int(calls * 100)})
+    return pd.DataFrame(out)
+
+
+def test_plan_skips_low_budget_shapes_and_weights_by_headroom():
+    from tuner.device import load_profile
+
+    table = _table([(1, 14336, 4096, 200.0, 32.0),   # far above the floor, many calls
+                    (1, 4096, 4096, 40.0, 32.0),
+                    (1, 256, 256, 3.0, 1.0),         # tiny: cannot move the step
+                    (64, 4096, 4096, 50.0, 32.0)])   # m = 64: not a gemv shape
+    plans, skipped = search.plan_studies(table, "gemv", load_profile("h200"))
+    keys = [p.shape_key for p in plans]
+    assert keys == ["m=1,n=14336,k=4096,dtype=bfloat16", "m=1,n=4096,k=4096,dtype=bfloat16"]
+    assert [k for k, _ in skipped] == ["m=1,n=256,k=256,dtype=bfloat16"]
+    assert "<" in skipped[0][1]  # the budget's reason, in words
+    from tuner import budget
+
+    judged = budget.compute(table[table["m"] == 1].reset_index(drop=True), load_profile("h200"))
+    by_n = {int(r["n"]): r["headroom_us_per_token"] for _, r in judged.iterrows()}
+    assert plans[0].weight == pytest.approx(by_n[14336]) and plans[1].weight == pytest.approx(by_n[4096])
+    assert plans[0].study_name == "nvidia-h200:gemv:m=1,n=14336,k=4096,dtype=bfloat16"
+    assert plans[0].n_valid > 0 and plans[0].default_config["SPLIT_K"] >= 1
+
+
+def test_cli_search_runs_the_real_space_and_prints_skips_and_summary(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "tests"))
+    path = shapetable.write(_table([(1, 14336, 4096, 200.0, 32.0), (1, 256, 256, 3.0, 1.0)]),
+                            tmp_path / "shapes.parquet")
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    argv = ["search", str(path), "--family", "gemv", "--device", "h200", "--storage", url,
+            "--trials", "6", "--gpus", "0", "--objective", "test_search:make_fake", "--no-progress"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "skip m=1,n=256,k=256,dtype=bfloat16" in captured.err
+    assert "m=1,n=14336,k=4096,dtype=bfloat16" in captured.out and "trials" in captured.out
+    assert main(argv) == 0  # resume: nothing left to do
+    trials = trials_of(url, "nvidia-h200:gemv:m=1,n=14336,k=4096,dtype=bfloat16")
+    assert sum(t.state.name in ("COMPLETE", "FAIL") and "duplicate_of" not in t.user_attrs
+               for t in trials) == 6
+
+
+def test_cli_refuses_cmaes_and_bad_flags_with_one_line(tmp_path, capsys):
+    path = shapetable.write(_table([(1, 14336, 4096, 200.0, 32.0)]), tmp_path / "s.parquet")
+    assert main(["search", str(path), "--device", "h200", "--sampler", "cmaes"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "categorical" in err[0]
+    assert main(["search", str(path), "--device", "h200", "--timeout", "8 hours"]) == 2
+    assert "duration" in capsys.readouterr().err
+    assert search.parse_duration("1h30m") == 5400 and search.parse_duration("45") == 45
+    with pytest.raises(TunerError):
+        search.parse_gpus(",")
