@@ -199,7 +199,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: dict, out: torch.Tensor 
     kps = k_per_split(k, block_k, split_k)
     even_k = kps * split_k == k  # every slice is whole BLOCK_Ks inside k: no k mask
     options = {"num_warps": int(config.get("num_warps", 4)),
-               "num_stages": int(config.get("num_stages", 2))}
+               "num_stages": int(config.get("num_stages", 1))}
     if hip is None:
         hip = _is_hip()
     if hip and "waves_per_eu" in config:
@@ -250,23 +250,35 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
         if _cdiv(n, r) >= target_programs:
             rows = r
             break
-    # accumulator: m * rows * BLOCK_K fp32 values shared by `threads` threads, <= ~64 each
+    k_cap = max(64, _next_pow2(k))
+    max_block_k = 1024 if backend == "dcu" else 2048  # the dcu space stops at 1024
+    # fp32 accumulators: m * rows * BLOCK_K values shared by `threads` threads, <= ~64 each
     block_k = 512
     while block_k > 64 and m * rows * block_k > 64 * threads:
         block_k //= 2
-    block_k = min(block_k, max(64, _next_pow2(k)))
+    block_k = min(block_k, k_cap)
+    # every thread should load at least one 16-byte vector (8 elements) of W per step
+    while rows * block_k < 8 * threads:
+        if block_k < min(k_cap, max_block_k) and m * rows * block_k * 2 <= 64 * threads:
+            block_k *= 2
+        elif num_warps > 1:
+            num_warps //= 2
+            threads = wave * num_warps
+        else:
+            break
     split_k = 1
     programs = _cdiv(n, rows)
     if programs < target_programs:
         want = _cdiv(target_programs, programs)
         max_split = max(1, k // (2 * block_k))  # keep at least two loop steps per slice
-        split_k = min(_next_pow2(want), _next_pow2(max_split) if max_split > 1 else 1, 16)
-        while split_k > 1 and split_k > max_split:
-            split_k //= 2
+        split_k = 1
+        while split_k * 2 <= min(want, max_split, 16) or (split_k < want and split_k * 2 <= max_split
+                                                          and split_k * 2 <= 16):
+            split_k *= 2
+    # num_stages 1: Triton does not pipeline this loop (no tl.dot), see search_spaces/gemv.yaml
     config = {"ROWS_PER_BLOCK": rows, "BLOCK_K": block_k, "SPLIT_K": split_k,
-              "num_warps": num_warps, "num_stages": 2}
+              "num_warps": num_warps, "num_stages": 1}
     if backend in ("hip", "dcu"):
-        config["num_stages"] = 2
         config["waves_per_eu"] = 0
     return config
 
@@ -415,7 +427,7 @@ def compile_config(config: dict, shape: dict, target) -> dict:
     attrs.update({(names.index(p),): [["tt.divisibility", 16]] for p, v in ints.items()
                   if v % 16 == 0})
     options = {"num_warps": int(config.get("num_warps", 4)),
-               "num_stages": int(config.get("num_stages", 2))}
+               "num_stages": int(config.get("num_stages", 1))}
     if target.backend == "hip" and "waves_per_eu" in config:
         options["waves_per_eu"] = int(config["waves_per_eu"])
     src = ASTSource(fn=_gemv_kernel, signature=signature, constexprs=constexprs, attrs=attrs)

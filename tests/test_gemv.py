@@ -1,0 +1,147 @@
+"""The decode GEMV kernel under the Triton interpreter (CPU), its family interface and its space."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernels import get_family  # noqa: E402
+from kernels import gemv  # noqa: E402
+from tuner import parity  # noqa: E402
+from tuner.spaces import space_for  # noqa: E402
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="interpreter tests need TRITON_INTERPRET=1 at import")
+
+FAMILY = get_family("gemv")
+
+# Ragged on purpose: n = 37 is no multiple of any ROWS_PER_BLOCK, k = 100 none of any BLOCK_K.
+CONFIGS = [
+    {"ROWS_PER_BLOCK": 1, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 1},
+    {"ROWS_PER_BLOCK": 4, "BLOCK_K": 32, "SPLIT_K": 3, "num_warps": 2},  # split-k, ragged slices
+    {"ROWS_PER_BLOCK": 16, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4},  # BLOCK_K > k
+    {"ROWS_PER_BLOCK": 8, "BLOCK_K": 16, "SPLIT_K": 2, "num_warps": 4},
+]
+
+
+def _rel_err(out, ref):
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "R{ROWS_PER_BLOCK}-K{BLOCK_K}-S{SPLIT_K}"
+                         .format(**c))
+def test_matches_fp32_reference_on_ragged_shapes(m, config):
+    shape = {"m": m, "n": 37, "k": 100, "dtype": "bfloat16"}
+    inputs = FAMILY.make_inputs(shape, "cpu", seed=m)
+    out = torch.full((m, 37), float("nan"), dtype=torch.bfloat16)
+    result = FAMILY.launch(inputs, config, out=out)
+    assert result.data_ptr() == out.data_ptr()
+    assert bool(torch.isfinite(out).all()), "some outputs were never written"
+    ref = FAMILY.reference(inputs)
+    # bf16 output rounding alone is ~2e-3 norm-wise; a wrong or missing k block is ~1e-1
+    assert _rel_err(out, ref) < 6e-3
+
+
+def test_float16_and_exact_tiles():
+    shape = {"m": 2, "n": 64, "k": 256, "dtype": "float16"}
+    inputs = FAMILY.make_inputs(shape, "cpu", seed=7)
+    for config in ({"ROWS_PER_BLOCK": 8, "BLOCK_K": 64, "SPLIT_K": 1},
+                   {"ROWS_PER_BLOCK": 16, "BLOCK_K": 64, "SPLIT_K": 4}):
+        out = FAMILY.launch(inputs, config)
+        assert out.dtype == torch.float16
+        assert _rel_err(out, FAMILY.reference(inputs)) < 1e-3
+
+
+def test_split_k_is_deterministic():
+    shape = {"m": 3, "n": 37, "k": 100, "dtype": "bfloat16"}
+    config = {"ROWS_PER_BLOCK": 4, "BLOCK_K": 16, "SPLIT_K": 4}
+    inputs = FAMILY.make_inputs(shape, "cpu", seed=11)
+    first = parity.output_hash(FAMILY.launch(inputs, config))
+    second = parity.output_hash(FAMILY.launch(inputs, config))
+    assert first == second
+
+
+def test_inputs_are_random_and_seeded():
+    shape = {"m": 2, "n": 16, "k": 32, "dtype": "bfloat16"}
+    a = FAMILY.make_inputs(shape, "cpu", seed=1)
+    b = FAMILY.make_inputs(shape, "cpu", seed=1)
+    c = FAMILY.make_inputs(shape, "cpu", seed=2)
+    assert torch.equal(a["weight"], b["weight"]) and not torch.equal(a["weight"], c["weight"])
+    for name in ("x", "weight"):  # never zeros: a kernel that reads nothing must not pass
+        assert float((a[name] == 0).float().mean()) < 0.01
+        assert float(a[name].float().std()) > 0
+
+
+def test_bad_configs_are_refused():
+    inputs = FAMILY.make_inputs({"m": 1, "n": 8, "k": 16, "dtype": "bfloat16"}, "cpu")
+    with pytest.raises(ValueError, match="power of two"):
+        FAMILY.launch(inputs, {"ROWS_PER_BLOCK": 3, "BLOCK_K": 16, "SPLIT_K": 1})
+    with pytest.raises(ValueError, match="unknown keys"):
+        FAMILY.launch(inputs, {"ROWS_PER_BLOCK": 2, "BLOCK_K": 16, "SPLIT_K": 1, "BLOCK_N": 4})
+    too_many = FAMILY.make_inputs({"m": 9, "n": 8, "k": 16, "dtype": "bfloat16"}, "cpu")
+    with pytest.raises(ValueError, match="m = 1..8"):
+        FAMILY.launch(too_many, {"ROWS_PER_BLOCK": 2, "BLOCK_K": 16, "SPLIT_K": 1})
+
+
+def test_serving_entry_point_with_bias_and_leading_dims():
+    x = torch.randn(2, 1, 100).to(torch.bfloat16)
+    weight = (torch.randn(37, 100) / 10).to(torch.bfloat16)
+    bias = torch.randn(37).to(torch.bfloat16)
+    out = gemv.linear(x, weight, bias)
+    ref = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
+    assert out.shape == (2, 1, 37)
+    assert _rel_err(out, ref) < 6e-3
+    # more than 8 rows: torch's path, same numbers within bf16
+    x_big = torch.randn(16, 100).to(torch.bfloat16)
+    big = gemv.linear(x_big, weight)
+    assert big.shape == (16, 37)
+    assert _rel_err(big, x_big.float() @ weight.float().T) < 6e-3
+
+
+def test_shape_from_row_and_key():
+    row = {"op": "aten::mm", "family": "gemm", "m": 4, "n": 4096, "k": 14336, "batch": 1,
+           "dtype": "bfloat16"}
+    shape = FAMILY.shape_from_row(row)
+    assert shape == {"m": 4, "n": 4096, "k": 14336, "dtype": "bfloat16"}
+    assert FAMILY.shape_key(shape) == "m=4,n=4096,k=14336,dtype=bfloat16"
+    assert FAMILY.shape_from_row({**row, "m": 9}) is None
+    assert FAMILY.shape_from_row({**row, "batch": 8}) is None
+    assert FAMILY.shape_from_row({**row, "family": "attention"}) is None
+    assert FAMILY.shape_from_row({**row, "dtype": "float32"}) is None
+
+
+def test_bytes_and_flops():
+    shape = {"m": 1, "n": 14336, "k": 4096, "dtype": "bfloat16"}
+    assert FAMILY.bytes_moved(shape) == 2 * (14336 * 4096 + 4096 + 14336)
+    assert FAMILY.flops(shape) == 2 * 14336 * 4096
+    assert len(FAMILY.source_hash()) == 16
+
+
+DECODE_SHAPES = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (14336, 5120),
+                 (34816, 5120), (5120, 17408), (151936, 4096), (37, 100), (1, 64)]
+
+
+@pytest.mark.parametrize("backend,sms", [("cuda", 132), ("hip", 304), ("dcu", 120)])
+def test_default_config_lies_in_the_search_space(backend, sms):
+    space = space_for("gemv", backend)
+    for m in (1, 3, 4, 8):
+        for n, k in DECODE_SHAPES:
+            shape = {"m": m, "n": n, "k": k, "dtype": "bfloat16"}
+            config = gemv.default_config(shape, backend, sm_count=sms)
+            assert config in space.configs(shape), (shape, config)
+            assert ("waves_per_eu" in config) == (backend != "cuda")
+
+
+def test_cuda_space_is_small_enough_for_an_exhaustive_grid():
+    space = space_for("gemv", "cuda")
+    assert "waves_per_eu" not in space.params
+    assert "waves_per_eu" in space_for("gemv", "hip").params
+    for m in (1, 4, 8):
+        for n, k in DECODE_SHAPES[:8]:
+            count = len(space.configs({"m": m, "n": n, "k": k}))
+            assert 10 <= count <= 600, (m, n, k, count)
