@@ -46,12 +46,14 @@ def decode_attention_kernel(
     stride_mb, stride_mh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HEADS_PER_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT_KV: tl.constexpr,
+    BLOCK_N: tl.constexpr, PARTIALS: tl.constexpr,
 ):
     """grid = (heads // HEADS_PER_BLOCK, batch, number of KV splits).
 
-    SPLIT_KV == 1: o is the output [batch, heads, head_dim]. Otherwise o is the fp32 partial acc
-    [batch, heads, SPLIT_KV, head_dim] and m / l the fp32 [batch, heads, SPLIT_KV] max and sum.
+    PARTIALS false (SPLIT_KV == 1): o is the output [batch, heads, head_dim]. PARTIALS true: o is
+    the fp32 partial acc [batch, heads, SPLIT_KV, head_dim] and m / l the fp32 [batch, heads,
+    SPLIT_KV] running max (log2 domain) and sum. The split count is a runtime value (grid axis 2),
+    so different SPLIT_KV values share one compiled kernel.
     """
     head_block = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -93,7 +95,7 @@ def decode_attention_kernel(
         m_i = m_new
 
     out_mask = mask_h[:, None] & mask_d[None, :]
-    if SPLIT_KV == 1:
+    if not PARTIALS:
         out = acc / l_i[:, None]
         tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=out_mask)
@@ -199,7 +201,8 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     opts = launch_options(config, backend or tensor_backend(q))
     grid = (heads // heads_per_block, batch, num_splits)
     meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HEADS_PER_BLOCK=heads_per_block,
-                BLOCK_H=max(16, _pow2_at_least(heads_per_block)), BLOCK_N=block_n, SPLIT_KV=split_kv)
+                BLOCK_H=max(16, _pow2_at_least(heads_per_block)), BLOCK_N=block_n,
+                PARTIALS=split_kv > 1)
     qkv = (kv_len, group, tiles_per_split, qk_scale, q.stride(0), q.stride(1),
            k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
 
