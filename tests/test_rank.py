@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
-import optuna
-import pandas as pd
-import pytest
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (kernels.gemv)
 
-from tuner import rank
-from tuner.cli import main
-from tuner.errors import TunerError
+import optuna  # noqa: E402
+import pytest  # noqa: E402
+
+from tuner import rank  # noqa: E402
+from tuner.cli import main  # noqa: E402
+from tuner.errors import TunerError  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -296,6 +298,35 @@ def test_rank_missing_storage_is_one_line(tmp_path, capsys):
     rc = main(["rank", "--storage", str(tmp_path / "none.db"), "--device", "nvidia-h200"])
     err = capsys.readouterr().err
     assert rc == 2 and "no study storage" in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_real_measurement_path_under_the_interpreter(tmp_path, monkeypatch):
+    """rank's own measurement (tuner.parity + tuner.bench) on the CPU under TRITON_INTERPRET=1:
+    the interpreter is far slower than torch's linear, so the default config is 'not faster';
+    a config the kernel cannot launch is 'failed' with the kernel's own message."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from kernels.gemv import default_config
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    shape = {"m": 2, "n": 40, "k": 64, "dtype": "bfloat16"}
+    make_study(url, "m=2,n=40,k=64,dtype=bfloat16", 48.0, [
+        (default_config(shape, "cuda"), 500.0, "exact", "ok"),
+        ({**cfg(3, 32), "num_warps": 1}, 400.0, "exact", "ok"),  # ROWS_PER_BLOCK=3 cannot launch
+    ])
+    ident = {"device_name": "cpu", "arch": "", "backend": "cuda", "torch": "", "triton": "",
+             "kernel_hash": "", "fp_fusion": True}
+    table = rank.rank(url, family="gemv", progress=False, identity=lambda family: ident,
+                      measure=rank.make_measure(device="cpu", cache="warm", groups=2, replays=1,
+                                                min_calls=1))
+    by_rows = {json.loads(c)["ROWS_PER_BLOCK"]: r for c, r in zip(table["config"],
+                                                                   table.to_dict("records"))}
+    failed = by_rows[3]
+    assert failed["reason"].startswith("failed:") and "power of two" in failed["reason"]
+    ok = by_rows[default_config(shape, "cuda")["ROWS_PER_BLOCK"]]
+    assert ok["parity"].startswith("exact ok")  # the default config is its own reference
+    assert ok["baseline_us"] > 0 and ok["candidate_us"] > ok["baseline_us"]
+    assert ok["reason"].startswith("not faster:") and ok["decision"] == "reject"
 
 
 @pytest.mark.gpu

@@ -410,8 +410,12 @@ def load_studies(storage: str | None, *, family: str | None = None, device: str 
 
 
 # ---------------------------------------------------------------------------------- measurement
-def measure_on_gpu(study: StudyInfo, cand: Candidate, parity_mode: str) -> Measured:
-    """Parity, then paired timing against the baseline and the default config (GPU)."""
+def measure_on_gpu(study: StudyInfo, cand: Candidate, parity_mode: str, *, device=None,
+                   cache: str = "cold", **compare_options) -> Measured:
+    """Parity, then paired timing against the baseline and the default config (GPU).
+
+    `device`, `cache` and `compare_options` (groups, replays, ...) go to tuner.bench.compare;
+    device='cpu' only under TRITON_INTERPRET=1 (tests: the numbers mean nothing)."""
     from kernels import get_family
 
     from . import bench, parity
@@ -419,12 +423,14 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, parity_mode: str) -> Measu
     family = get_family(study.family)  # bench and parity take the KernelFamily
     meas = Measured(config=cand.config)
     try:
-        p = parity.check(family, study.shape, cand.config, mode=parity_mode, reference="default")
+        p = parity.check(family, study.shape, cand.config, mode=parity_mode, reference="default",
+                         device=device)
         meas.parity = Parity(bool(p.passed), p.mode, float(p.rel_err), p.reason)
         if not p.passed:
             return meas
         for name in ("baseline", "default"):
-            r = bench.compare(family, study.shape, cand.config, name, cache="cold")
+            r = bench.compare(family, study.shape, cand.config, name, cache=cache, device=device,
+                              **compare_options)
             pair = Pair(r.reference_us, r.candidate_us, r.speedup, r.speedup_low,
                         r.speedup_high, r.noise_pct)
             if name == "baseline":
@@ -438,6 +444,16 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, parity_mode: str) -> Measu
     except Exception as exc:  # a candidate crash is data, not the end of the ranking
         meas.failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     return meas
+
+
+def make_measure(*, device=None, cache: str = "cold", **compare_options) -> MeasureFn:
+    """A `measure` for `rank` with these timing options (see `measure_on_gpu`)."""
+
+    def measure(study: StudyInfo, cand: Candidate, parity_mode: str) -> Measured:
+        return measure_on_gpu(study, cand, parity_mode, device=device, cache=cache,
+                              **compare_options)
+
+    return measure
 
 
 def identity_columns(family: str) -> dict:
