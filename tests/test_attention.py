@@ -116,3 +116,13 @@ def test_shape_from_row_and_interface():
     assert attention.kv_bytes(shape) == 2 * 8 * 8 * 8192 * 128 * 2
     assert family.bytes_moved(shape) == attention.kv_bytes(shape) + 2 * 8 * 32 * 128 * 2
     assert family.flops(shape) == 4 * 8 * 32 * 8192 * 128
+
+
+def test_parity_checker_on_attention():
+    from tuner import parity
+
+    split = {"HEADS_PER_BLOCK": 4, "BLOCK_N": 32, "SPLIT_KV": 2}
+    result = parity.check(attention.FAMILY, GQA, split, mode="tolerance", device="cpu")
+    assert result.passed and result.rel_err < 1e-2, result.reason
+    again = parity.check(attention.FAMILY, GQA, split, mode="exact", reference=split, device="cpu")
+    assert again.passed and again.parity_class == "exact", again.reason

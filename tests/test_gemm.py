@@ -129,3 +129,15 @@ def test_shape_from_row_and_shape_key():
     assert family.flops(shape) == 2 * 512 * 4096 * 4096
     assert family.bytes_moved(shape) == 2 * (512 * 4096 + 4096 * 4096 + 512 * 4096)
     assert len(family.source_hash()) == 16
+
+
+def test_parity_checker_on_gemm():
+    from tuner import parity
+
+    shape = {"m": 17, "n": 33, "k": 64, "dtype": "bfloat16", "layout": "NT"}
+    split = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 2}
+    result = parity.check(gemm.FAMILY, shape, split, mode="tolerance", device="cpu")
+    assert result.passed and result.rel_err < 1e-2, result.reason
+    # A config is bit-identical to itself (split-K reduction in a fixed order).
+    again = parity.check(gemm.FAMILY, shape, split, mode="exact", reference=split, device="cpu")
+    assert again.passed and again.parity_class == "exact", again.reason
