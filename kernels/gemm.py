@@ -88,7 +88,7 @@ def gemm_kernel(
     stride_bb, stride_bk, stride_bn,
     stride_cb, stride_cs, stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_MN: tl.constexpr,
 ):
     """One (BLOCK_M x BLOCK_N) output tile of one batch entry over one K split.
 
@@ -128,7 +128,10 @@ def gemm_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in range(tile_start, tile_end):
-        if EVEN_K:
+        if EVEN_K and EVEN_MN:  # no masks at all (m, n, k multiples of the tile)
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        elif EVEN_K:
             a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
             b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
         else:
@@ -356,7 +359,7 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     sbb, sbk, sbn = (b.stride(0), b.stride(1), b.stride(2)) if b.dim() == 3 else (0, b.stride(0), b.stride(1))
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), split_k, batch)
     meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, SPLIT_K=split_k,
-                EVEN_K=k % block_k == 0)
+                EVEN_K=k % block_k == 0, EVEN_MN=m % block_m == 0 and n % block_n == 0)
 
     if split_k == 1:
         args = (a, b, out, m, n, k, sab, sam, sak, sbb, sbk, sbn, m * n, 0, n, 1)

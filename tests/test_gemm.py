@@ -54,6 +54,17 @@ def test_ragged_shape_matches_fp32_reference(layout, config):
     assert torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("layout", ["NT", "TT"])
+def test_even_shape_takes_the_unmasked_path(layout):
+    # m, n, k multiples of the tile: EVEN_K and EVEN_MN, no masks in the loop.
+    shape = {"m": 32, "n": 64, "k": 64, "dtype": "bfloat16", "layout": layout}
+    inputs = gemm.make_inputs(shape, "cpu", seed=6)
+    config = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "SPLIT_K": 2}
+    _, calls = gemm.launch_plan(inputs, config)
+    assert calls[0].constexprs["EVEN_K"] and calls[0].constexprs["EVEN_MN"]
+    assert rel_err(gemm.launch(inputs, config), gemm.reference(inputs)) < TOLERANCE["bfloat16"]
+
+
 def test_out_argument_is_written_completely():
     shape = {"m": 19, "n": 21, "k": 37, "dtype": "float16", "layout": "NT"}
     inputs = gemm.make_inputs(shape, "cpu", seed=2)
