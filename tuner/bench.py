@@ -363,9 +363,9 @@ def time_config(family, shape: dict, config, *, cache: str = "cold", device=None
 
 def time_baseline(family, shape: dict, *, cache: str = "cold", device=None,
                   groups: int = DEFAULT_GROUPS, replays: int = DEFAULT_REPLAYS,
-                  input_sets: list[dict] | None = None) -> Timing:
+                  input_sets: list[dict] | None = None, **timer_options) -> Timing:
     return time_config(family, shape, "baseline", cache=cache, device=device, groups=groups,
-                       replays=replays, input_sets=input_sets)
+                       replays=replays, input_sets=input_sets, **timer_options)
 
 
 def paired_from_groups(reference_groups: list[float], candidate_groups: list[float],
