@@ -342,3 +342,21 @@ def test_measure_on_gpu_real_gemv():
     assert m.vs_default.speedup_low <= 1.0 + 0.05
     row = rank.decide([(s, [(c, m)])]).iloc[0]
     assert row["decision"] in ("accept", "reject")
+
+
+def test_study_without_a_feasible_trial_keeps_a_row(tmp_path):
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    make_study(url, "m=4,n=896,k=896,dtype=bfloat16", 48.0, [
+        (cfg(8), 3.9, "mismatch", "ok"),
+        (cfg(4), 0.0, "exact", "fail"),
+        (cfg(2), 0.0, "exact", "fail"),
+    ])
+    measure, calls = recorded_measure({})
+    table = rank.rank(url, family="gemv", measure=measure, progress=False,
+                      identity=lambda family: {})
+    assert calls == []
+    assert len(table) == 1
+    row = table.iloc[0]
+    assert row["decision"] == "reject" and row["shape"] == "m=4,n=896,k=896,dtype=bfloat16"
+    assert row["reason"] == ("no candidate: no feasible completed trial in the study "
+                             "(3 trials: 1 complete, 2 failed, 1 parity mismatch)")

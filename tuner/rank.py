@@ -145,6 +145,7 @@ class StudyInfo:
     default_us: float | None = None
     default_config: dict | None = None
     candidates: list["Candidate"] = field(default_factory=list)
+    trials_note: str = ""  # what the study's trials were, for a study without any candidate
 
 
 @dataclass
@@ -284,6 +285,13 @@ def decide(studies: list[tuple[StudyInfo, list[tuple[Candidate, Measured]]]], *,
     for study, measured in studies:
         study_rows = [decide_one(study, cand, meas, min_speedup=min_speedup, threshold=threshold)
                       for cand, meas in measured]
+        if not measured:  # a shape without any feasible result is a result too
+            row = decide_one(study, Candidate({}, math.nan, -1),
+                             Measured(config={}, failure="x"), min_speedup=min_speedup,
+                             threshold=threshold)
+            row.update(config="", parity="", reason="no candidate: no feasible completed trial "
+                       f"in the study{' (' + study.trials_note + ')' if study.trials_note else ''}")
+            study_rows.append(row)
         passing = [r for r in study_rows if r["decision"] == ACCEPT]
         passing.sort(key=lambda r: -r["saving_us_per_token"])
         for r in passing[1:]:
@@ -366,6 +374,17 @@ def best_distinct(trials, top: int) -> list[Candidate]:
     return out
 
 
+def trials_note(trials) -> str:
+    """'12 trials: 7 complete, 3 failed, 2 parity mismatch' for a study's trials."""
+    import optuna
+
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    mismatch = sum(1 for t in complete if t.user_attrs.get("parity") == "mismatch")
+    failed = sum(1 for t in trials if t.state == optuna.trial.TrialState.FAIL)
+    return (f"{len(trials)} trials: {len(complete)} complete, {failed} failed, "
+            f"{mismatch} parity mismatch")
+
+
 def load_studies(storage: str | None, *, family: str | None = None, device: str | None = None,
                  top: int = DEFAULT_TOP, names: list[str] | None = None) -> list[StudyInfo]:
     """The tuner studies in a storage (optionally only these study names), each with its best
@@ -400,7 +419,9 @@ def load_studies(storage: str | None, *, family: str | None = None, device: str 
             phase=attrs.get("phase", ""), backend=attrs.get("backend", "cuda"),
             baseline_us=attrs.get("baseline_us"), default_us=attrs.get("default_us"),
             default_config=attrs.get("default_config"))
-        info_.candidates = best_distinct(study.get_trials(deepcopy=False), top)
+        trials = study.get_trials(deepcopy=False)
+        info_.candidates = best_distinct(trials, top)
+        info_.trials_note = trials_note(trials)
         studies.append(info_)
     if not studies:
         what = " ".join(x for x in (family and f"family {family}", device and f"device {device}")
@@ -583,7 +604,8 @@ def markdown(table: pd.DataFrame) -> str:
         speed = ("" if math.isnan(r.speedup) else
                  f"{r.speedup:.3f}x [{r.speedup_low:.3f}, {r.speedup_high:.3f}]")
         lines.append(
-            f"| {r.rank or ''} | {r.shape} | {r.family} | `{r.config}` | {_f(r.baseline_us, '.2f')} | "
+            f"| {r.rank or ''} | {r.shape} | {r.family} | {f'`{r.config}`' if r.config else ''} | "
+            f"{_f(r.baseline_us, '.2f')} | "
             f"{_f(r.candidate_us, '.2f')} | {speed} | {r.parity} | "
             f"{_f(r.saving_us_per_call, '.2f')} | {_f(r.calls_per_step, '.1f')} | "
             f"{_f(r.hit_rate, '.2f')} | {_f(r.saving_us_per_token, '.2f')} | "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import TunerError, info, warn
+from .errors import TunerError, warn
 
 RUNS_DIR = Path("artifacts") / "run"
 
