@@ -296,6 +296,18 @@ def test_directory_picks_rank_0_and_rank_chooses(shared_traces, tmp_path, capsys
         harvest.harvest([d], rank=5, quiet=True)
 
 
+@pytest.mark.parametrize("name, rank", [
+    ("0a1b-rank-3.1732000000123.pt.trace.json.gz", 3),      # vLLM
+    ("1732000000.123-TP-2-DP-0.trace.json.gz", 2),          # SGLang
+    ("llama_tp8_rank_5.json", 5),
+    ("trace.json", None),
+])
+def test_rank_from_file_name(tmp_path, name, rank):
+    p = tmp_path / name
+    p.write_text('{"traceEvents": []}')
+    assert harvest.trace_rank(p) == rank
+
+
 def test_two_traces_of_one_rank_merge(tmp_path):
     a = shutil.copy(CPU_TRACE, tmp_path / "a.pt.trace.json.gz")
     b = shutil.copy(CPU_TRACE, tmp_path / "b.pt.trace.json.gz")

@@ -41,7 +41,7 @@ us per call and its share of the step; the top rows by share are printed.
 def _add_harvest(sub) -> None:
     p = sub.add_parser(
         "harvest", help="extract call shapes from torch profiler traces",
-        description="Turn profiler traces of a real run into the ShapeTable: the GEMM and "
+        description="Turn profiler traces of a real run into the ShapeTable: the GEMM and\n"
         "attention call shapes, how often each runs per step and how much of the step it takes.",
         epilog=HARVEST_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("traces", nargs="*", metavar="TRACE",

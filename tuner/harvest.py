@@ -108,7 +108,9 @@ SGLANG_STEP_RE = re.compile(r"^step\[(DECODE|EXTEND|PREFILL|MIXED|IDLE)\b", re.I
 PHASE_WORDS = {"prefill": "prefill", "decode": "decode", "extend": "prefill", "generate": "decode"}
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-RANK_RE = re.compile(r"(?:rank[-_]?|-TP-|_tp|tp_rank[-_]?)(\d+)", re.IGNORECASE)
+# vLLM: <instance>-rank-3.<time>.pt.trace.json.gz; SGLang: <time>-TP-3[-DP-0...].trace.json.gz;
+# torch DDP scripts: rank_3, rank3.
+RANK_RE = re.compile(r"(?:\brank[-_]?|[-_]rank[-_]?|-TP-)(\d+)", re.IGNORECASE)
 
 LAUNCH_BOUND = 0.60   # GPU busy below this fraction of the step: launch-bound warning
 UNATTRIBUTED_WARN = 0.005
@@ -1114,7 +1116,11 @@ def load_callable(target: str):
             raise TunerError(f"--live: {mod_name} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if isinstance(obj, type):
-        obj = obj()
+        try:
+            obj = obj()
+        except Exception as exc:  # noqa: BLE001 - the user's code; --debug shows the traceback
+            raise TunerError(f"--live: creating {target} failed: {type(exc).__name__}: "
+                             f"{exc}") from exc
     if not callable(obj):
         raise TunerError(f"--live: {target} is not callable")
     return obj
@@ -1143,7 +1149,11 @@ def live(target: str, steps: int, output=None, *, save_trace=None, phase: str | 
             for i in range(steps):
                 if i:
                     prof.step()     # closes ProfilerStep#(i-1), opens ProfilerStep#i
-                fn()
+                try:
+                    fn()
+                except Exception as exc:  # noqa: BLE001 - the user's code; --debug re-raises
+                    raise TunerError(f"--live: call {i + 1} of {target} failed: "
+                                     f"{type(exc).__name__}: {exc}") from exc
                 if gpu:
                     torch.cuda.synchronize()
         prof.export_chrome_trace(str(raw))
