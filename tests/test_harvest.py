@@ -334,6 +334,12 @@ def test_bad_input_is_one_line_exit_2(capsys, name, message, tmp_path):
     assert not (tmp_path / "x.parquet").exists()
 
 
+def test_empty_file(capsys, tmp_path):
+    (tmp_path / "empty.json").write_text("")
+    rc, _, err = run_cli(capsys, tmp_path / "empty.json", "-o", tmp_path / "x.parquet")
+    assert rc == 2 and "empty file, not a trace" in err and err.count("\n") == 1
+
+
 def test_unattributed_kernels_are_reported(capsys, tmp_path):
     rc, out, err = run_cli(capsys, FIXTURES / "graph_replay.json.gz", "-o", tmp_path / "g.parquet")
     assert rc == 0

@@ -240,6 +240,8 @@ def _read_header(path: Path) -> dict:
     "has_events": bool-or-None (None: not seen before the end of the header)}.
     """
     header: dict = {"format": None, "has_events": None}
+    if path.is_file() and path.stat().st_size == 0:
+        raise TunerError(f"{path}: empty file, not a trace")
     wanted = {"deviceProperties", "distributedInfo", "record_shapes"}
     f = _open_bytes(path)
     try:
