@@ -261,6 +261,12 @@ def decide_one(study: StudyInfo, cand: Candidate, meas: Measured, *, min_speedup
             row["reason"] = (f"not faster: {b.speedup:.3f}x [{b.speedup_low:.3f}, "
                              f"{b.speedup_high:.3f}] < {min_speedup:g} against the baseline")
         return row
+    d = meas.vs_default
+    if d is not None and d.speedup_high < 1.0:
+        # the loader falls back to the default config: exporting this would be a regression
+        row["reason"] = (f"slower than the default config: {d.speedup:.3f}x [{d.speedup_low:.3f}, "
+                         f"{d.speedup_high:.3f}] against {d.reference_us:.2f} us")
+        return row
     if not threshold.passes(row["saving_us_per_token"], study.step_us):
         row["reason"] = (f"too small: saves {row['saving_us_per_token']:.2f} us/token "
                          f"({_pct(row['share_of_step'])} of the step) < {threshold.describe()}")
