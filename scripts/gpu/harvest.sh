@@ -9,7 +9,9 @@
 #      $OUT/qwen25_05b_b4_live.pt.trace.json.gz, $OUT/qwen25_05b_b4_live.parquet
 #    (the lead commits both into shapes/examples/).
 # 2. Harvests the saved trace again from the file (must give the same table) and the decode phase.
-# 3. Runs tests/test_harvest.py on this machine.
+# 3. Profiles CUDA-graph replays (tests/fixtures/traces/graph_replay_live.py): the replayed kernels
+#    have no owning op and must be reported as unattributed GPU time ($OUT/cuda_graph_replay.*).
+# 4. Runs tests/test_harvest.py on this machine.
 # Full log: $OUT/harvest.log. A failing step is reported and the script goes on.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -53,6 +55,10 @@ PY
 
 step decode-only python3 -m tuner.cli harvest "$OUT/qwen25_05b_b4_live.pt.trace.json.gz" \
     --phase decode -o "$OUT/qwen25_05b_b4_live_decode.parquet" --top 10
+
+# CUDA-graph replays: kernels with no owning op must show up as an unattributed share (warning)
+step graph python3 -m tuner.cli harvest --live tests/fixtures/traces/graph_replay_live.py:GraphReplay \
+    --steps 4 --save-trace "$OUT/cuda_graph_replay.pt.trace.json.gz" -o "$OUT/cuda_graph_replay.parquet"
 
 step tests python3 -m pytest -q tests/test_harvest.py
 
