@@ -65,6 +65,8 @@ def test_run_graph_captured_plan_shares_the_time_budget(tmp_path, capsys):
     # n=896,k=896 is one kernel shape for the addmm (24/step) and mm (24/step) rows
     both = plan[plan["shape_key"] == "m=4,n=896,k=896,dtype=bfloat16"].iloc[0]
     assert both["calls_per_step"] == 48.0
+    # its baseline is the call-weighted mean of the trace's two rows: (4.608 + 4.288) / 2 us
+    assert both["baseline_us"] == pytest.approx((4.608 * 24 + 4.288 * 24) / 48, abs=1e-3)
     assert "| m=4,n=4864,k=896,dtype=bfloat16 | 48.0 |" in result.plan_path.read_text()
 
 

@@ -153,16 +153,26 @@ def plan_search(budget: pd.DataFrame, family: str, timeout_s: float) -> pd.DataF
     kept = rows[rows["verdict"] == "keep"]
     if kept.empty:
         return kept.assign(seconds=pd.Series(dtype=float))
-    weight_col = "headroom_us_per_token"
-    grouped = (kept.assign(_w=kept[weight_col].fillna(0.0).clip(lower=0.0))
-               .groupby("shape_key", sort=False)
-               .agg(shape=("kernel_shape", "first"), phase=("phase", "first"),
-                    calls_per_step=("calls_per_step", "sum"),
-                    baseline_us=("baseline_us", "first"), floor_us=("floor_us", "first"),
-                    headroom_us_per_token=("_w", "sum"), headroom_share=("headroom_share", "sum"),
-                    step_us=("step_us", "first"), step_basis_us=("step_basis_us", "first"),
-                    hit_rate=("hit_rate", "first"))
-               .reset_index())
+    kept = kept.assign(_w=kept["headroom_us_per_token"].fillna(0.0).clip(lower=0.0),
+                       _bc=kept["baseline_us"] * kept["calls_per_step"],
+                       _fc=kept["floor_us"] * kept["calls_per_step"])
+    # rows of one kernel shape in one phase (e.g. addmm and mm of the same linear) run in the
+    # same step: their calls and headroom add up; baseline and floor are call-weighted means
+    per_phase = (kept.groupby(["shape_key", "phase"], sort=False)
+                 .agg(shape=("kernel_shape", "first"), calls_per_step=("calls_per_step", "sum"),
+                      _bc=("_bc", "sum"), _fc=("_fc", "sum"),
+                      headroom_us_per_token=("_w", "sum"), headroom_share=("headroom_share", "sum"),
+                      step_us=("step_us", "first"), step_basis_us=("step_basis_us", "first"),
+                      hit_rate=("hit_rate", "first"))
+                 .reset_index())
+    per_phase["baseline_us"] = per_phase["_bc"] / per_phase["calls_per_step"]
+    per_phase["floor_us"] = per_phase["_fc"] / per_phase["calls_per_step"]
+    # one shape in several phases: one study, described by its largest phase, weighted by all
+    per_phase = per_phase.sort_values("headroom_us_per_token", ascending=False, kind="stable")
+    weights = per_phase.groupby("shape_key", sort=False)["headroom_us_per_token"].sum()
+    grouped = per_phase.drop_duplicates("shape_key", keep="first").drop(columns=["_bc", "_fc"])
+    grouped["headroom_us_per_token"] = grouped["shape_key"].map(weights)
+    grouped = grouped.reset_index(drop=True)
     total = grouped["headroom_us_per_token"].sum()
     if total > 0:
         grouped["seconds"] = timeout_s * grouped["headroom_us_per_token"] / total
