@@ -404,6 +404,14 @@ def test_watch_harvests_new_files_and_stops_on_ctrl_c(tmp_path):
     assert "Traceback" not in stderr and "2 trace(s) harvested" in stderr
 
 
+def test_pure_python_ijson_backend_gives_the_same_table(monkeypatch):
+    import ijson.backends.python as slow
+
+    fast = harvest.harvest([CPU_TRACE], quiet=True).table
+    monkeypatch.setattr(harvest, "ijson", slow)
+    pd.testing.assert_frame_equal(harvest.harvest([CPU_TRACE], quiet=True).table, fast)
+
+
 def test_union_length():
     assert harvest.union_length([(0, 10), (5, 15), (20, 30)]) == 25
     assert harvest.union_length([]) == 0
