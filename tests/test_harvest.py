@@ -180,6 +180,15 @@ def test_rocm_mi250(shared_traces):
     assert set(df.phase) == {"other"} and set(df.steps) == {1}
 
 
+def test_external_id_links_kernels_without_runtime_events(shared_traces, tmp_path):
+    src = shared_traces / "hta_mi250_rocm62_train.json.gz"
+    stripped = _rewrite(src, tmp_path / "no_runtime.json.gz",
+                        lambda e: None if e.get("cat") == "cuda_runtime" else e.get("name"))
+    full = harvest.harvest([src], quiet=True).table
+    bare = harvest.harvest([stripped], quiet=True).table
+    assert list(bare.us_per_call) == pytest.approx(list(full.us_per_call))
+
+
 def test_v100_without_shapes_says_how_to_recapture(shared_traces, capsys):
     rc, out, err = run_cli(capsys, shared_traces / "hta_v100_noshapes_train.pt.trace.json.gz")
     assert rc == 2

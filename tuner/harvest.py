@@ -74,9 +74,9 @@ ATTN_BLHD = {
     "aten::_flash_attention_forward",
     "aten::_efficient_attention_forward",
 }
-ATTN_NAME_RE = re.compile(r"flash_attn|flash_attention|flashattn|_fwd\b|varlen_fwd|paged_attention"
-                          r"|unified_attention|scaled_dot_product|efficient_attention|cudnn_attention",
-                          re.IGNORECASE)
+# Other attention ops (flash-attn, vLLM, custom): "attn"/"attention" in a CPU op's name, or the
+# vLLM flash-attention extension's ops; never a backward op.
+ATTN_NAME_RE = re.compile(r"attn|attention|_vllm_fa\d|mha_(?:varlen_)?fwd", re.IGNORECASE)
 
 GPU_CATS = {"kernel", "gpu_memset", "gpu_memcpy"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "runtime"}
@@ -375,10 +375,12 @@ class _Raw:
 def _is_attention(name: str) -> bool:
     if name in ATTN_BHLD or name in ATTN_BLHD:
         return True
-    if name.startswith("aten::") and "attention" not in name:
+    lower = name.lower()
+    if "backward" in lower or "bwd" in lower:
         return False
-    return bool(ATTN_NAME_RE.search(name)) and "backward" not in name.lower() \
-        and "bwd" not in name.lower()
+    if name.startswith("aten::"):
+        return "attention" in name
+    return bool(ATTN_NAME_RE.search(name))
 
 
 def _parse_events(path: Path, fmt: str) -> _Raw:
@@ -524,29 +526,22 @@ def _innermost(ops: list[Op], index: dict, tid, ts: float) -> int:
     return -1
 
 
-def _call_owner(ops: list[Op], i: int) -> int:
-    """The op that is the call for activity launched inside op i, or -1 (not a call's kernel)."""
-    # outermost attention ancestor-or-self wins
-    attn = -1
-    p = i
-    while p >= 0:
-        if ops[p].kind == "attention":
-            attn = p
-        p = ops[p].parent
+def _attention_call_above(ops: list[Op], i: int, calls: dict) -> int:
+    """The outermost attention call among op i and its ancestors, or -1."""
+    found = -1
+    while i >= 0:
+        if ops[i].kind == "attention" and i in calls:
+            found = i
+        i = ops[i].parent
+    return found
+
+
+def _call_owner(ops: list[Op], i: int, calls: dict) -> int:
+    """The call that a GPU activity launched inside op i belongs to, or -1 (another op's)."""
+    attn = _attention_call_above(ops, i, calls)
     if attn >= 0:
         return attn
-    if ops[i].kind == "gemm" and not ops[i].has_gemm_child:
-        return i
-    return -1
-
-
-def _under_attention(ops: list[Op], i: int) -> bool:
-    p = ops[i].parent
-    while p >= 0:
-        if ops[p].kind == "attention":
-            return True
-        p = ops[p].parent
-    return False
+    return i if i in calls else -1
 
 
 # -------------------------------------------------------------------------------- shapes of calls
@@ -812,22 +807,30 @@ def _read_trace(path: Path, steps: int | None) -> TraceData:
                      "skipped")
 
     index = _nest(ops)
-    call_of_op: dict[int, Call] = {}
+    # Attention calls first: the outermost attention op whose dims give a shape (an autograd
+    # wrapper without dims leaves the call to the op inside it).
+    attention: dict[int, Call] = {}
     unparsed = 0
     for i, op in enumerate(ops):
-        if not op.dims:
+        if op.kind == "attention" and op.dims:
+            c = _make_call(op)
+            if c is None:
+                unparsed += 1
+            else:
+                attention[i] = c
+    call_of_op: dict[int, Call] = {i: c for i, c in attention.items()
+                                   if _attention_call_above(ops, ops[i].parent, attention) < 0}
+    # GEMM calls: the innermost GEMM-family op, unless it is part of an attention call
+    for i, op in enumerate(ops):
+        if op.kind != "gemm" or not op.dims or op.has_gemm_child:
             continue
-        if op.kind == "attention":
-            if _under_attention(ops, i):
-                continue
-        else:
-            if op.has_gemm_child or _under_attention(ops, i):
-                continue
+        if _attention_call_above(ops, op.parent, call_of_op) >= 0:
+            continue
         c = _make_call(op)
         if c is None:
             unparsed += 1
-            continue
-        call_of_op[i] = c
+        else:
+            call_of_op[i] = c
     if unparsed:
         notes.append(f"{unparsed} GEMM/attention ops with shapes that are not a GEMM (e.g. "
                      "matrix-vector matmul) are skipped")
@@ -863,26 +866,30 @@ def _read_trace(path: Path, steps: int | None) -> TraceData:
     gpu_total = gpu_calls = gpu_other = gpu_unattr = 0.0
     n_unattr = 0
     owner_cache: dict = {}
+    op_of_ext = {op.ext: i for i, op in enumerate(ops) if op.ext is not None}
     for ts, dur, corr, ext, kname in raw.activities:
         gpu_total += dur
         rt = raw.runtimes.get(corr) if corr is not None else None
         owner = -1
-        attributed = False
         launch_ts = ts
-        if rt is not None:
+        rext = None
+        if rt is not None and rt[1] is not None:
             tid, rts, rext = rt
-            launch_ts = rts if rts is not None else ts
+            launch_ts = rts
             key = (tid, rts)
             if key in owner_cache:
                 owner = owner_cache[key]
             else:
-                inner = _innermost(ops, index, tid, rts) if rts is not None else -1
-                owner = _call_owner(ops, inner) if inner >= 0 else -1
+                inner = _innermost(ops, index, tid, rts)
+                owner = _call_owner(ops, inner, call_of_op) if inner >= 0 else -1
                 owner_cache[key] = owner
-            attributed = owner >= 0 or (rext is not None and rext in raw.cpu_ext) \
-                or (ext is not None and ext in raw.cpu_ext)
-        elif ext is not None and ext in raw.cpu_ext:
-            attributed = True
+        if owner < 0:   # no launch inside a GEMM/attention op: the External id may still say
+            for e_id in (ext, rext):
+                if e_id is not None and e_id in op_of_ext:
+                    owner = _call_owner(ops, op_of_ext[e_id], call_of_op)
+                    break
+        attributed = owner >= 0 or (ext is not None and ext in raw.cpu_ext) \
+            or (rext is not None and rext in raw.cpu_ext)
         c = call_of_op.get(owner) if owner >= 0 else None
         if c is not None:
             c.gpu_us += dur
