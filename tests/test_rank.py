@@ -300,6 +300,13 @@ def test_rank_with_swapped_measurement_writes_the_table(storage, tmp_path):
     assert any("3 candidate(s) rejected" in line for line in lines)
 
 
+def _gpu_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_gpu_visible(), reason="checks the message on a machine without a GPU")
 def test_rank_cli_without_gpu_says_so(storage, capsys):
     rc = main(["rank", "--storage", storage, "--family", "gemv"])
     err = capsys.readouterr().err

@@ -28,6 +28,12 @@ IDENTITY = {"key": "nvidia-h200", "name": "NVIDIA H200", "arch": "sm90", "backen
             "torch": "2.11.0+cu130", "triton": "3.6.0"}
 
 
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch):
+    """These tests take the CPU path even on a GPU machine (the GPU path is scripts/gpu/run.sh)."""
+    monkeypatch.setattr(report, "have_gpu", lambda: False)
+
+
 def test_run_on_cpu_stops_after_the_plan(tmp_path, capsys):
     rc = main(["run", str(TRACE), "-o", str(tmp_path / "run")])
     out = capsys.readouterr().out
