@@ -71,13 +71,15 @@ def main(argv=None) -> int:
         contenders.append(("json.load (whole document)",
                            [sys.executable, "-c", JSON_LOAD, str(args.trace)]))
     print(f"trace: {args.trace} ({size_gb:.2f} GB); {versions()}")
-    print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; load average "
+          f"before: {os.getloadavg()[0]:.1f} (other jobs on the machine slow every figure)")
     print()
     print("| what | wall s | peak RSS GB | exit | last line |")
     print("| --- | ---: | ---: | ---: | --- |")
     for name, cmd in contenders:
         wall, rss, rc, last = run(cmd)
         print(f"| {name} | {wall:.1f} | {rss:.2f} | {rc} | {last[:80]} |", flush=True)
+    print(f"\nload average after: {os.getloadavg()[0]:.1f}")
     return 0
 
 

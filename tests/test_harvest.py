@@ -401,6 +401,7 @@ def test_watch_harvests_new_files_and_stops_on_ctrl_c(tmp_path):
         while not out.exists() and time.time() < deadline:
             time.sleep(0.1)
         assert shapetable.read(out).steps.max() == 3
+        shutil.copy(CPU_TRACE, d / "w-rank-1.pt.trace.json.gz")   # another rank: skipped
         shutil.copy(CPU_TRACE, d / "w2.pt.trace.json.gz")
         deadline = time.time() + 30
         while time.time() < deadline and shapetable.read(out).steps.max() != 6:
@@ -411,6 +412,7 @@ def test_watch_harvests_new_files_and_stops_on_ctrl_c(tmp_path):
         stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr and "2 trace(s) harvested" in stderr
+    assert "skipping w-rank-1.pt.trace.json.gz: rank 1" in stderr
 
 
 def test_pure_python_ijson_backend_gives_the_same_table(monkeypatch):

@@ -1195,7 +1195,7 @@ def watch(directory, output, *, rank: int | None = None, steps: int | None = Non
     seen: dict[Path, tuple] = {}
     done: dict[Path, TraceData] = {}
     bad: set[Path] = set()
-    chosen_rank = rank
+    chosen_rank = rank if rank is not None else 0   # for files whose name gives a rank
     polls = 0
     info(f"watching {directory} for traces (every {interval:g} s); Ctrl-C stops")
     try:
@@ -1214,11 +1214,10 @@ def watch(directory, output, *, rank: int | None = None, steps: int | None = Non
                     seen[f] = sig       # new or still growing: look again next poll
                     continue
                 r = trace_rank(f) if RANK_RE.search(f.name) else None
-                if chosen_rank is None and r is not None:
-                    chosen_rank = r if not done else chosen_rank
-                if r is not None and chosen_rank is not None and r != chosen_rank:
+                if r is not None and r != chosen_rank:
                     bad.add(f)
-                    info(f"skipping {f.name}: rank {r} (harvesting rank {chosen_rank})")
+                    info(f"skipping {f.name}: rank {r} (harvesting rank {chosen_rank}; --rank "
+                         "chooses)")
                     continue
                 try:
                     done[f] = read_trace(f, steps=steps)
