@@ -61,6 +61,7 @@ EXIT_CONTEXT_LOST = 3  # a worker exits with this after a trial corrupted its GP
 MAX_DEATHS_PER_CONFIG = 2  # a config that killed its worker this often is failed for good
 MAX_RESTARTS_IN_A_ROW = 5  # a worker slot that dies this often without finishing a trial is given up
 RETRYABLE_PREFIXES = ("worker died", "interrupted")
+SKIPPED = "skipped:"  # failure prefix of a trial that stepped back before running (not counted)
 MAX_SAMPLER_REPEATS = 20  # after this many duplicate / invalid proposals in a row, queue a fresh config
 
 
@@ -99,13 +100,19 @@ class GpuObjective:
     """Times a config with tuner.bench (cold L2) and checks its parity with tuner.parity.
 
     The parity inputs, the reference output and the cold-L2 input sets are made once per shape
-    (the first time they are needed) and reused by every trial of that shape in this worker."""
+    (the first time they are needed) and reused by every trial of that shape in this worker.
+    `device=None`: the worker's GPU; under TRITON_INTERPRET=1 without a GPU, the CPU (for checks of
+    this code path only: interpreter times mean nothing)."""
 
-    def __init__(self, plan: "StudyPlan"):
+    def __init__(self, plan: "StudyPlan", *, device=None, cache: str = "cold",
+                 groups: int | None = None, replays: int | None = None):
         from kernels import get_family
 
         self.plan = plan
         self.family = get_family(plan.family)
+        self.device = device if device is not None else _interpreter_device()
+        self.cache = cache
+        self.timer_options = {k: v for k, v in (("groups", groups), ("replays", replays)) if v}
         self._checker = None
         self._input_sets = None
 
@@ -113,14 +120,16 @@ class GpuObjective:
         from tuner import bench
 
         if self._input_sets is None:
-            self._input_sets = bench.make_input_sets(self.family, self.plan.shape, "cold")
+            self._input_sets = bench.make_input_sets(self.family, self.plan.shape, self.cache,
+                                                     self.device)
         return self._input_sets
 
     def baseline_us(self) -> float:
         from tuner import bench
 
-        timing = bench.time_baseline(self.family, self.plan.shape, cache="cold",
-                                     input_sets=self._sets())
+        timing = bench.time_baseline(self.family, self.plan.shape, cache=self.cache,
+                                     device=self.device, input_sets=self._sets(),
+                                     **self.timer_options)
         return float(timing.median_us)
 
     def evaluate(self, config: dict) -> TrialResult:
@@ -129,10 +138,12 @@ class GpuObjective:
         plan = self.plan
         try:
             if self._checker is None:
-                self._checker = parity.Checker(self.family, plan.shape, reference="default")
+                self._checker = parity.Checker(self.family, plan.shape, reference="default",
+                                               device=self.device)
             check = self._checker.check(config, plan.parity_mode)
-            timing = bench.time_config(self.family, plan.shape, config, cache="cold",
-                                       input_sets=self._sets())
+            timing = bench.time_config(self.family, plan.shape, config, cache=self.cache,
+                                       device=self.device, input_sets=self._sets(),
+                                       **self.timer_options)
         except bench.CandidateFailure as exc:
             return TrialResult(failure=f"candidate: {exc}", fatal=_context_lost(str(exc)))
         except Exception as exc:  # noqa: BLE001 - any error of a candidate is data
@@ -145,6 +156,14 @@ class GpuObjective:
         return TrialResult(median_us=float(timing.median_us), noise_pct=float(timing.spread_pct),
                            output_hash=check.output_hash, parity=parity_class,
                            rel_err=float(check.rel_err))
+
+
+def _interpreter_device():
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return None
+    import torch
+
+    return None if torch.cuda.is_available() else "cpu"
 
 
 def gpu_objective(plan: "StudyPlan") -> Objective:
@@ -468,6 +487,27 @@ def _is_feasible(frozen) -> bool:
     return max(_constraints_from_attrs(frozen)) <= 0
 
 
+def n_startup(n_valid: int) -> int:
+    """Trials before TPE / GP start modelling (the default config plus random valid configs)."""
+    return max(4, min(10, n_valid // 16))
+
+
+def startup_configs(plan: StudyPlan, sampler: str, seed: int | None) -> list[dict]:
+    """What a new study's queue starts with, after the default config: for tpe / gp, random
+    *valid* configs for the startup phase (the sampler's own random startup would mostly propose
+    combinations the constraints forbid: 85% of the gemv product for a typical decode shape); for
+    grid, every other valid config (seeded shuffle). Params only (the searched parameters)."""
+    default = {k: plan.default_config.get(k) for k in plan.space.params}
+    valid = [{k: c[k] for k in plan.space.params} for c in map(json.loads, plan.valid_keys)]
+    rest = [c for c in valid if c != default]
+    random.Random(f"{seed}:{plan.study_name}").shuffle(rest)
+    if sampler == "grid":
+        return rest
+    if sampler in ("tpe", "gp"):
+        return rest[:max(0, n_startup(plan.n_valid) - 1)]
+    return []
+
+
 def make_sampler(name: str, seed: int | None, n_valid: int):
     import optuna
 
@@ -478,9 +518,9 @@ def make_sampler(name: str, seed: int | None, n_valid: int):
         # study do not all propose the same point.
         return optuna.samplers.TPESampler(
             seed=seed, multivariate=True, constant_liar=True,
-            n_startup_trials=max(5, min(10, n_valid // 8)), warn_independent_sampling=False, **cfunc)
+            n_startup_trials=n_startup(n_valid), warn_independent_sampling=False, **cfunc)
     if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=max(5, min(10, n_valid // 8)),
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup(n_valid),
                                          warn_independent_sampling=False, **cfunc)
     if name in ("random", "grid"):  # grid: every valid config is enqueued; random only if asked for more
         return optuna.samplers.RandomSampler(seed=seed)
@@ -546,6 +586,8 @@ def read_state(trials, plan: StudyPlan, now: float | None = None) -> StudyState:
             state.constraint += 0 if duplicate else 1
             state.known.setdefault(key, t)
         elif t.state == TrialState.FAIL:
+            if str(t.user_attrs.get("failure", "")).startswith(SKIPPED):
+                continue
             if _is_death(t):
                 deaths[key] = deaths.get(key, 0) + 1
                 state.failed += 1
@@ -571,8 +613,8 @@ def study_done(state: StudyState, plan: StudyPlan, trials: int | None) -> str:
 
 # ---------------------------------------------------------------------------- study creation
 def prepare_studies(plans: list[StudyPlan], settings: SearchSettings) -> None:
-    """Create (or load) every study; set its attributes; enqueue the default config first (the
-    whole valid list, shuffled by the seed, for --sampler grid); fail stale trials."""
+    """Create (or load) every study; set its attributes; enqueue the default config first, then
+    `startup_configs` (the valid list for --sampler grid); fail stale trials."""
     import optuna
     from optuna.storages import fail_stale_trials
 
@@ -600,11 +642,9 @@ def prepare_studies(plans: list[StudyPlan], settings: SearchSettings) -> None:
                       and all(v in plan.space.params[k] for k, v in default_params.items()))
         if default_ok:
             study.enqueue_trial(default_params, user_attrs={"role": "default"})
-        if settings.sampler == "grid":
-            rest = [c for c in plan.space.configs(plan.shape) if c != default_params]
-            random.Random(settings.seed).shuffle(rest)
-            for params in rest:
-                study.enqueue_trial(params)
+        role = "grid" if settings.sampler == "grid" else "startup"
+        for params in startup_configs(plan, settings.sampler, settings.seed):
+            study.enqueue_trial(params, user_attrs={"role": role})
 
 
 def _plain(value):
@@ -692,7 +732,7 @@ def _worker_main(args: _WorkerArgs, conn, stop_event) -> None:
         outcome: dict = {}
         try:
             study.optimize(lambda trial: _run_trial(trial, plan, state, objective, conn, args.slot,
-                                                    outcome),
+                                                    outcome, settings.trials),
                            n_trials=1, catch=(TrialFailed,), gc_after_trial=False)
         except (ValueError, optuna.exceptions.UpdateFinishedTrialError) as exc:
             # Two workers popped the same enqueued trial (a race Optuna's RDB storage leaves open
@@ -703,7 +743,7 @@ def _worker_main(args: _WorkerArgs, conn, stop_event) -> None:
         best = state.best.value if state.best is not None else None
         if outcome.get("value") is not None and (best is None or outcome["value"] < best):
             best = outcome["value"]
-        if outcome.get("what") in ("duplicate", "constraint"):
+        if outcome.get("what") in ("duplicate", "constraint", "skipped"):
             streak[plan.study_name] = streak.get(plan.study_name, 0) + 1
         else:
             streak[plan.study_name] = 0
@@ -734,8 +774,28 @@ def _slice_s(settings: SearchSettings, n_plans: int) -> float:
     return 60.0
 
 
+def _check_trial_cap(trial, plan: StudyPlan, trials: int, params: dict, outcome: dict) -> None:
+    """Near --trials, workers that picked the study at the same moment could overshoot: the
+    trials that started later step back (FAIL 'skipped', not counted; a queued config goes back
+    into the queue)."""
+    from optuna.trial import TrialState
+
+    others = trial.study.get_trials(deepcopy=False)
+    state = read_state([t for t in others if t.number != trial.number], plan)
+    earlier_running = sum(1 for t in others
+                          if t.state == TrialState.RUNNING and t.number < trial.number)
+    if state.measured + earlier_running < trials:
+        return
+    if "fixed_params" in trial.system_attrs:
+        trial.study.enqueue_trial(params, user_attrs={k: v for k, v in trial.user_attrs.items()
+                                                      if k in ("role", "retry_of")})
+    trial.set_user_attr("failure", SKIPPED + " --trials reached by other workers")
+    outcome["what"] = "skipped"
+    raise TrialFailed("skipped")
+
+
 def _run_trial(trial, plan: StudyPlan, state: StudyState, objective: Objective, conn, slot: int,
-               outcome: dict) -> float:
+               outcome: dict, trials: int | None = None) -> float:
     """The Optuna objective of one trial (runs inside study.optimize). `state`: the study as read
     just before this trial (for configs it already has)."""
     params = {name: trial.suggest_categorical(name, list(choices))
@@ -755,6 +815,8 @@ def _run_trial(trial, plan: StudyPlan, state: StudyState, objective: Objective, 
     prior = state.known.get(key)
     if prior is not None and prior.number != trial.number:
         return _replay(trial, prior, outcome)
+    if trials is not None and state.measured + state.running + 16 >= trials:
+        _check_trial_cap(trial, plan, trials, params, outcome)
     try:
         result = objective.evaluate(config)
     except Exception as exc:  # noqa: BLE001 - a candidate's error is data, not the end of the search
@@ -1006,7 +1068,7 @@ def _on_message(slot: _Slot, message: tuple, bars: "_Bars") -> None:
         _, _, name, number, what, best, _at = message
         slot.current = None
         slot.deaths_in_a_row = 0
-        if what not in ("constraint", "duplicate"):
+        if what not in ("constraint", "duplicate", "skipped"):
             slot.trials += 1
             bars.done(slot, name, best)
     elif kind == "exit":
