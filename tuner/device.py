@@ -322,8 +322,8 @@ def describe(profile: DeviceProfile) -> str:
         f"bandwidth  {profile.read_bandwidth_bytes_per_s / 1e12:.3f} TB/s read ({profile.source})",
         f"matmul     {profile.bf16_matmul_flops_per_s / 1e12:.1f} TFLOP/s bf16 ({profile.source})",
     ]
-    rb = profile.notes.get("read_bandwidth") if profile.notes else None
-    if rb:
+    rb = (profile.notes or {}).get("read_bandwidth") or {}
+    if {"triton_stream_bytes_per_s", "torch_sum_bytes_per_s", "buffer_bytes"} <= set(rb):
         lines.append(f"           triton stream {rb['triton_stream_bytes_per_s'] / 1e12:.3f} TB/s, "
                      f"torch sum {rb['torch_sum_bytes_per_s'] / 1e12:.3f} TB/s over "
                      f"{rb['buffer_bytes'] / 2**30:.2f} GiB")

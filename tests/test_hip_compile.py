@@ -1,0 +1,121 @@
+"""The gemv search spaces compile for real GPU targets on a CPU-only host (no GPU needed).
+
+Triton 3.6 compiles for GPUTarget("hip", "gfx942", 64) to AMDGCN + hsaco and for
+GPUTarget("cuda", 90, 32) to PTX + cubin. We read the register (VGPR), spill and LDS / shared
+memory figures from the compiled kernel and assert they fit the hardware.
+
+The default run compiles a representative subset (every k-th config of each space, plus the
+configs with the largest register estimate, for m = 1 and m = 8 and a ragged shape). The whole hip
+space (about 750 + 270 configs for m = 1 / m = 8, ~0.4-0.9 s each) is `slow`: run it with
+TUNER_RUN_SLOW=1. Upstream Triton does not know Hygon's gfx926/928/936/938, so the dcu space is
+compiled for gfx90a (CDNA2, wave64, 64 KiB LDS) as a proxy.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+triton = pytest.importorskip("triton")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+from kernels import gemv  # noqa: E402
+from tuner.spaces import space_for  # noqa: E402
+
+GFX942 = GPUTarget("hip", "gfx942", 64)
+GFX90A = GPUTarget("hip", "gfx90a", 64)  # DCU proxy
+SM90 = GPUTarget("cuda", 90, 32)
+
+LIMITS = {  # registers per lane, LDS / shared bytes per workgroup
+    "gfx942": (512, 64 * 1024),  # 256 arch VGPRs + 256 AGPRs; 64 KiB LDS
+    "gfx90a": (512, 64 * 1024),
+    90: (255, 227 * 1024),
+}
+
+SHAPES = [
+    {"m": 1, "n": 4096, "k": 4096, "dtype": "bfloat16"},
+    {"m": 8, "n": 14336, "k": 4096, "dtype": "bfloat16"},
+    {"m": 3, "n": 37, "k": 100, "dtype": "bfloat16"},  # ragged: the masked path
+]
+
+
+def _register_estimate(config: dict, shape: dict) -> int:
+    return (shape["m"] + 1) * config["ROWS_PER_BLOCK"] * config["BLOCK_K"] // config["num_warps"]
+
+
+def _representative(configs: list[dict], shape: dict, every: int, heaviest: int) -> list[dict]:
+    ordered = sorted(configs, key=lambda c: sorted(c.items()))
+    picked = ordered[::every]
+    picked += sorted(configs, key=lambda c: -_register_estimate(c, shape))[:heaviest]
+    unique = []
+    for c in picked:
+        if c not in unique:
+            unique.append(c)
+    return unique
+
+
+def _check_fits(target, config, shape, record_property):
+    res = gemv.compile_config(config, shape, target)
+    max_regs, max_shared = LIMITS[target.arch]
+    record_property(f"{target.arch}:{gemv.FAMILY.shape_key(shape)}:{config}",
+                    {"regs": res["regs"], "spills": res["spills"], "shared": res["shared"]})
+    assert res["asm"], "no assembly produced"
+    assert 0 < res["regs"] <= max_regs, (config, res["regs"])
+    assert res["spills"] == 0, (config, res["spills"])
+    assert res["shared"] <= max_shared, (config, res["shared"])
+    return res
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: gemv.FAMILY.shape_key(s))
+def test_hip_space_subset_compiles_for_gfx942(shape, record_property):
+    configs = space_for("gemv", "hip").configs(shape)
+    assert configs
+    picked = _representative(configs, shape, every=max(1, len(configs) // 6), heaviest=3)
+    for config in picked:
+        res = _check_fits(GFX942, config, shape, record_property)
+        assert ".amdhsa_" in res["asm"] or "amdgcn" in res["asm"].lower()
+
+
+def test_waves_per_eu_reaches_the_amd_compiler(record_property):
+    shape = SHAPES[0]
+    base = {"ROWS_PER_BLOCK": 4, "BLOCK_K": 1024, "SPLIT_K": 1, "num_warps": 4, "num_stages": 1}
+    loose = _check_fits(GFX942, {**base, "waves_per_eu": 0}, shape, record_property)
+    tight = _check_fits(GFX942, {**base, "waves_per_eu": 4}, shape, record_property)
+    assert "amdgpu-waves-per-eu" in tight["asm"] or tight["regs"] <= 128
+    assert tight["regs"] <= 128 and loose["regs"] > 0
+
+
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=lambda s: gemv.FAMILY.shape_key(s))
+def test_cuda_space_sample_compiles_for_sm90(shape, record_property):
+    configs = space_for("gemv", "cuda").configs(shape)
+    picked = _representative(configs, shape, every=max(1, len(configs) // 4), heaviest=2)
+    for config in picked:
+        res = _check_fits(SM90, config, shape, record_property)
+        assert "ld.global" in res["asm"]
+
+
+def test_default_configs_load_w_with_wide_vectors():
+    """The W tile loads compile to 16-byte vector loads (ld.global.v4 / global_load_dwordx4)."""
+    shape = SHAPES[1]
+    cuda = gemv.compile_config(gemv.default_config(shape, "cuda", 132), shape, SM90)
+    assert ".v4." in cuda["asm"]
+    hip = gemv.compile_config(gemv.default_config(shape, "hip", 304), shape, GFX942)
+    assert "dwordx4" in hip["asm"]
+
+
+def test_dcu_space_sample_compiles_for_gfx90a_proxy(record_property):
+    shape = SHAPES[0]
+    configs = space_for("gemv", "dcu").configs(shape)
+    assert all(c["BLOCK_K"] <= 1024 and c["ROWS_PER_BLOCK"] <= 8 for c in configs)
+    for config in _representative(configs, shape, every=max(1, len(configs) // 4), heaviest=1):
+        _check_fits(GFX90A, config, shape, record_property)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("TUNER_RUN_SLOW") != "1",
+                    reason="whole hip space: ~10-20 minutes of compiles; set TUNER_RUN_SLOW=1")
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: gemv.FAMILY.shape_key(s))
+def test_whole_hip_space_compiles_for_gfx942(shape, record_property):
+    for config in space_for("gemv", "hip").configs(shape):
+        _check_fits(GFX942, config, shape, record_property)
