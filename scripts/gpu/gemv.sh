@@ -13,7 +13,7 @@ OUT="${OUT:-artifacts/gpu}"
 mkdir -p "$OUT"
 LOG="$OUT/gemv.log"
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
-TABLE_BUDGET_S="${TABLE_BUDGET_S:-330}"
+TABLE_BUDGET_S="${TABLE_BUDGET_S:-300}"
 
 {
 echo "=== gemv.sh  $(date -u +%FT%TZ)  host $(hostname)"
@@ -53,7 +53,7 @@ from tuner.spaces import space_for
 
 t_start = time.time()
 smoke = os.environ.get("GEMV_SMOKE") == "1"
-budget = float(os.environ.get("TABLE_BUDGET_S", "330"))
+budget = float(os.environ.get("TABLE_BUDGET_S", "300"))
 fam = get_family("gemv")
 dev = "cpu" if smoke else None
 timer_opts = dict(device="cpu", target_graph_us=1.0, min_calls=1) if smoke else {}
@@ -102,20 +102,20 @@ for s in aa_shapes:
             print(f"A/A {which} {fam.shape_key(s)} FAILED: {type(exc).__name__}: {exc}")
 
 # ---- 4. decode table
-QUICK = []
-for R in (1, 2, 4, 8, 16):
-    for BK in (256, 512, 1024, 2048):
-        for w in (4, 8):
-            for S in (1, 2, 4):
-                QUICK.append({"ROWS_PER_BLOCK": R, "BLOCK_K": BK, "SPLIT_K": S, "num_warps": w,
-                              "num_stages": 1})
-if backend in ("hip", "dcu"):
-    QUICK = [dict(c, waves_per_eu=0) for c in QUICK]
+# The quick sweep is a budgeted hill climb from the default config over the shape's search space:
+# time every untried neighbour (ROWS_PER_BLOCK, BLOCK_K, num_warps, SPLIT_K halved or doubled),
+# move to the best, repeat until nothing improves or the case's time is spent.
+STEPS = {"ROWS_PER_BLOCK": (0.5, 2), "BLOCK_K": (0.5, 2), "num_warps": (0.5, 2), "SPLIT_K": (0.5, 2)}
 
-def quick_configs(s):
-    space = space_for("gemv", backend)
-    allowed = space.configs(s)
-    return [c for c in QUICK if c in allowed] if not smoke else allowed[:3]
+def neighbours(c, allowed):
+    out = []
+    for key, factors in STEPS.items():
+        for f in factors:
+            v = int(c[key] * f)
+            cand = {**c, key: v}
+            if v >= 1 and cand in allowed and cand not in out:
+                out.append(cand)
+    return out
 
 cases = [(m, n, k) for m in MS for (n, k) in NK]
 rows = []
@@ -135,19 +135,33 @@ for ci, (m, n, k) in enumerate(cases):
         default = bench.bench_one(fam, s, "default", "default", checker=checker, input_sets=sets,
                                   cache="cold", profile=profile, **G, **timer_opts)
         r.update(base=base, default=default)
-        candidates = quick_configs(s)
-        swept, hashes = [], set()
-        for c in candidates:
-            if time.time() - t_case > 0.6 * case_budget:
+        allowed = space_for("gemv", backend).configs(s)
+        swept, hashes, tried = [], set(), [default.config]
+        current = default
+        while not smoke or len(swept) < 2:
+            todo = [c for c in neighbours(current.config, allowed) if c not in tried]
+            if not todo:
                 break
-            row = bench.bench_one(fam, s, "sweep", c, checker=checker, input_sets=sets,
-                                  cache="cold", profile=profile, **SWEEP_G, **timer_opts)
-            swept.append(row)
-            if row.output_hash:
-                hashes.add(row.output_hash)
+            for c in todo:
+                if time.time() - t_case > 0.6 * case_budget:
+                    break
+                tried.append(c)
+                row = bench.bench_one(fam, s, "sweep", c, checker=checker, input_sets=sets,
+                                      cache="cold", profile=profile, **SWEEP_G, **timer_opts)
+                swept.append(row)
+                if row.output_hash:
+                    hashes.add(row.output_hash)
+            ok = [x for x in swept if not x.failure and x.parity != "mismatch"]
+            step_best = min(ok, key=lambda x: x.median_us) if ok else None
+            if step_best is None or step_best.median_us >= current.median_us or \
+                    time.time() - t_case > 0.6 * case_budget:
+                if step_best is not None and step_best.median_us < current.median_us:
+                    current = step_best
+                break
+            current = step_best
         good = sorted((x for x in swept + [default] if not x.failure and x.parity != "mismatch"),
                       key=lambda x: x.median_us)
-        r.update(swept=len(swept), of=len(candidates), hashes=len(hashes),
+        r.update(swept=len(swept), of=len(allowed), hashes=len(hashes | {default.output_hash}),
                  failed=sum(1 for x in swept if x.failure))
         best = good[0] if good else None
         if best is not None:
