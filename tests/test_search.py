@@ -11,9 +11,12 @@ FAKE_LOG (a file: every evaluated config is appended, to prove what ran on the "
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # the GPU objective's test runs on the interpreter
+
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -395,3 +398,19 @@ def test_cli_refuses_cmaes_and_bad_flags_with_one_line(tmp_path, capsys):
     assert search.parse_duration("1h30m") == 5400 and search.parse_duration("45") == 45
     with pytest.raises(TunerError):
         search.parse_gpus(",")
+
+
+def test_gpu_objective_records_a_config_that_cannot_launch():
+    """The real GPU objective (tuner.parity + tuner.bench) on the Triton interpreter: a config the
+    kernel rejects is a failure with its reason, not an exception that ends the worker."""
+    from kernels.gemv import default_config
+    from tuner.spaces import space_for
+
+    shape = {"m": 2, "n": 64, "k": 128, "dtype": "bfloat16"}
+    plan = search.make_plan(family="gemv", shape=shape, shape_key="m=2,n=64,k=128,dtype=bfloat16",
+                            device_key="interp", backend="cuda", space=space_for("gemv", "cuda"),
+                            default_config=default_config(shape, "cuda"), weight=1.0)
+    objective = search.GpuObjective(plan, cache="warm", groups=2, replays=1)
+    result = objective.evaluate({**plan.default_config, "ROWS_PER_BLOCK": 3})
+    assert result.median_us is None and not result.fatal
+    assert result.failure.startswith("candidate: ValueError") and "power of two" in result.failure

@@ -2,7 +2,7 @@
 # tuner search on the GPU (issue 5), about 6 minutes on one H200. Run from the repo root with
 # PYTHONPATH=$PWD and optuna importable; the whole log goes to $OUT/search.log, a short table last.
 #   1. one real gemv decode shape (qwen2.5-0.5B MLP up-projection at batch 4: m=4, n=4864, k=896,
-#      91 valid configs): the exhaustive grid, then TPE with a quarter of the grid's trials; TPE's
+#      its valid configs, about 70-90): the exhaustive grid, then TPE with a quarter of the grid's trials; TPE's
 #      best vs the grid's best, after how many trials TPE got within 2%, trials per minute per GPU
 #      (compilation, parity and cold-L2 timing included). TPE is also replayed offline on the
 #      grid's measurements with 20 seeds (no GPU time), which separates the sampler from the noise.
@@ -17,9 +17,11 @@ LOG="$OUT/search.log"
 WORK=$(mktemp -d)
 export PYTHONUNBUFFERED=1
 SHAPES=shapes/examples/qwen25_05b_b4_decode.parquet
-GRID_S=${SEARCH_GRID_S:-200}      # wall-time cap of the grid run
-TPE_S=${SEARCH_TPE_S:-75}         # wall-time cap of the TPE run
-MULTI_S=${SEARCH_MULTI_S:-60}     # --timeout of the multi-shape search
+GRID_S=${SEARCH_GRID_S:-180}      # wall-time cap of the grid run
+TPE_S=${SEARCH_TPE_S:-60}         # wall-time cap of the TPE run
+MULTI_S=${SEARCH_MULTI_S:-45}     # --timeout of the multi-shape search
+# a fresh Triton cache, so that the grid's trials per minute include every compilation
+export TRITON_CACHE_DIR="$WORK/triton-cache"
 PROFILE=$(ls -t artifacts/devices/*.json 2>/dev/null | head -n 1)
 PROFILE=${PROFILE:-h200}
 OBJECTIVE_FLAG=()
@@ -228,12 +230,12 @@ step "environment" python3 -c "import optuna, torch, triton; print('optuna', opt
 step "grid vs TPE on m=4,n=4864,k=896 (grid cap ${GRID_S}s, TPE cap ${TPE_S}s)" \
   timeout -s INT -k 30 $((GRID_S + TPE_S + 90)) python3 "$WORK/grid_vs_tpe.py" "$WORK" "$GRID_S" "$TPE_S"
 step "multi-shape search of the bundled example (--timeout ${MULTI_S}s, profile $PROFILE)" \
-  timeout -s INT -k 30 $((MULTI_S + 90)) python3 -m tuner.cli search "$SHAPES" --family gemv \
+  timeout -s INT -k 30 $((MULTI_S + 75)) python3 -m tuner.cli search "$SHAPES" --family gemv \
   --device "$PROFILE" --min-saving 1us --timeout "${MULTI_S}s" --storage "sqlite:///$WORK/multi.db" \
   --no-progress --trial-timeout 120 "${OBJECTIVE_FLAG[@]}"
 step "the same command again (resume: each shape continues from its stored trials)" \
   timeout -s INT -k 30 60 python3 -m tuner.cli search "$SHAPES" --family gemv \
-  --device "$PROFILE" --min-saving 1us --timeout 15s --storage "sqlite:///$WORK/multi.db" \
+  --device "$PROFILE" --min-saving 1us --timeout 10s --storage "sqlite:///$WORK/multi.db" \
   --no-progress --trial-timeout 60 "${OBJECTIVE_FLAG[@]}"
 
 echo "== results" | tee -a "$LOG"
