@@ -414,3 +414,33 @@ def test_gpu_objective_records_a_config_that_cannot_launch():
     result = objective.evaluate({**plan.default_config, "ROWS_PER_BLOCK": 3})
     assert result.median_us is None and not result.fatal
     assert result.failure.startswith("candidate: ValueError") and "power of two" in result.failure
+
+
+def test_ctrl_c_stops_after_the_trials_in_flight(tmp_path):
+    """SIGINT to the whole process group (what a terminal's Ctrl-C does): the workers finish their
+    trial, the summary is printed, exit code 130, no trial is left RUNNING or failed."""
+    path = shapetable.write(_table([(1, 14336, 4096, 200.0, 32.0)]), tmp_path / "shapes.parquet")
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    env = {**os.environ, "FAKE_SLEEP": "0.5",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "search", str(path), "--device", "h200", "--storage", url,
+         "--trials", "40", "--gpus", "0,1", "--objective", "test_search:make_fake", "--no-progress"],
+        env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    name = "nvidia-h200:gemv:m=1,n=14336,k=4096,dtype=bfloat16"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        time.sleep(0.3)
+        try:
+            if sum(t.state.name == "COMPLETE" for t in trials_of(url, name)) >= 3:
+                break
+        except Exception:  # noqa: BLE001 - not created yet
+            continue
+    os.killpg(child.pid, signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 130, err
+    assert "stopping after the trials in flight" in err
+    assert "stopped" in out and "interrupted: run the same command again to resume" in out
+    trials = trials_of(url, name)
+    assert not [t for t in trials if t.state.name in ("RUNNING", "FAIL")], state_counts(trials)
+    assert 3 <= sum(t.state.name == "COMPLETE" for t in trials) < 40

@@ -697,7 +697,10 @@ def _worker_main(args: _WorkerArgs, conn, stop_event) -> None:
     streak: dict[str, int] = {}  # trials in a row that the sampler spent on known / invalid configs
     rng = random.Random(args.seed)
     plan, slice_end = None, 0.0
+    parent = os.getppid()
     while not stop_event.is_set() and (args.deadline is None or time.time() < args.deadline):
+        if os.getppid() != parent:
+            break  # the search was killed: do not go on unsupervised
         for p in args.plans:
             if p.study_name not in studies:
                 studies[p.study_name] = optuna.load_study(
@@ -1163,7 +1166,8 @@ def summarize(plans: list[StudyPlan], settings: SearchSettings, skipped: list[tu
         study = optuna.load_study(study_name=plan.study_name, storage=storage)
         trials = study.get_trials(deepcopy=False)
         state = read_state(trials, plan)
-        status = study_done(state, plan, settings.trials) or ("stopped" if interrupted else "time")
+        status = study_done(state, plan, settings.trials) or (
+            "stopped" if interrupted else "time" if settings.timeout_s else "incomplete")
         baseline = study.user_attrs.get("baseline_us")
         default_us = None
         for t in trials:
@@ -1256,11 +1260,11 @@ def search(shapes_path: str | Path, family: str, *, device=None, storage: str | 
     if settings.objective is None:
         _check_gpu_stack(family)
     workers = len(gpus) if gpus else max(1, len(visible_gpus()))
-    if timeout_s:
-        shares = share_time(plans, timeout_s * workers)
-        for plan in sorted(plans, key=lambda p: -p.weight):
-            info(f"plan {plan.shape_key}: {plan.weight:.3g} us/token headroom, "
-                 f"~{shares[plan.study_name]:.0f} GPU-s, {plan.n_valid} valid configs")
+    shares = share_time(plans, timeout_s * workers) if timeout_s else {}
+    for plan in sorted(plans, key=lambda p: -p.weight):
+        share = f", ~{shares[plan.study_name]:.0f} GPU-s" if shares else ""
+        info(f"plan {plan.study_name}: {plan.weight:.3g} us/token headroom{share}, "
+             f"{plan.n_valid} valid configs")
     return run_search(plans, settings, skipped)
 
 
