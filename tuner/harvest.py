@@ -832,8 +832,8 @@ def _read_trace(path: Path, steps: int | None) -> TraceData:
         else:
             call_of_op[i] = c
     if unparsed:
-        notes.append(f"{unparsed} GEMM/attention ops with shapes that are not a GEMM (e.g. "
-                     "matrix-vector matmul) are skipped")
+        notes.append(f"{unparsed} GEMM/attention ops whose dims give no GEMM or attention shape "
+                     "(e.g. a matrix-vector matmul) are skipped")
     if not call_of_op:
         raise TunerError(f"{path}: no GEMM or attention call with a usable shape")
 
