@@ -148,6 +148,54 @@ def gemm_kernel(
 
 
 @triton.jit
+def gemm_tma_kernel(
+    a_desc, b_desc, c_ptr,
+    M, N, K,
+    stride_cs, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, B_IS_WEIGHT: tl.constexpr,
+):
+    """gemm_kernel with A and B read through tensor descriptors (TMA on sm90+): 2-D, batch 1.
+
+    a_desc: A [M, K] row-major, block [BLOCK_M, BLOCK_K]. b_desc: the weight [N, K] row-major with
+    block [BLOCK_N, BLOCK_K] (B_IS_WEIGHT, layout NT) or B [K, N] row-major with block
+    [BLOCK_K, BLOCK_N] (layout NN). Out-of-range rows / columns of a block read as zero, so ragged
+    shapes need no masks on loads. grid = (tiles_m * tiles_n, SPLIT_K).
+    """
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    tile_start = pid_k * tiles_per_split
+    tile_end = min(tile_start + tiles_per_split, k_tiles)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(tile_start, tile_end):
+        a = a_desc.load([off_m, t * BLOCK_K])
+        if B_IS_WEIGHT:
+            b = b_desc.load([off_n, t * BLOCK_K]).T
+        else:
+            b = b_desc.load([t * BLOCK_K, off_n])
+        acc = tl.dot(a, b, acc)
+
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + pid_k * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
 def splitk_reduce_kernel(ws_ptr, c_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     """out[b, i] = sum over s of ws[b, s, i], in a fixed order (deterministic). grid=(cdiv(MN, BLOCK), batch)."""
     pid = tl.program_id(0)
@@ -203,7 +251,10 @@ def compile_call(call: KernelCall, target) -> CompileReport:
             signature[name], constexprs[name] = "constexpr", call.constexprs[name]
             continue
         value = positional.pop(0)
-        if isinstance(value, torch.Tensor):
+        if type(value).__name__ == "TensorDescriptor":
+            block = ",".join(str(int(d)) for d in value.block_shape)
+            signature[name] = f"tensordesc<{_TORCH_TO_TRITON[value.base.dtype]}[{block}]>"
+        elif isinstance(value, torch.Tensor):
             signature[name] = "*" + _TORCH_TO_TRITON[value.dtype]
             attrs[(index,)] = [["tt.divisibility", 16]]
             if hip and value.numel() * value.element_size() < 2**31:
@@ -252,11 +303,80 @@ def compile_call(call: KernelCall, target) -> CompileReport:
 
 
 def compile_config(family_module, shape: dict, config: dict, target) -> list[CompileReport]:
-    """Compile every kernel a config launches for ``shape`` on ``target`` (CPU only, meta tensors)."""
+    """Compile every kernel a config launches for ``shape`` on ``target`` (meta tensors, no GPU).
+
+    Needs a process where triton.language was imported without TRITON_INTERPRET=1 (its own
+    library functions are then interpreter objects the compiler cannot use); `compile_configs`
+    handles that case with a subprocess.
+    """
     inputs = family_module.make_inputs(shape, "meta")
     backend = "hip" if target.backend == "hip" else "cuda"
     _, calls = family_module.launch_plan(inputs, config, backend=backend)
     return [compile_call(call, target) for call in calls]
+
+
+def _compiler_usable_here() -> bool:
+    import triton.language.standard as standard
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(standard.cdiv, JITFunction)
+
+
+def _compile_in_process(family: str, jobs: list, target) -> list:
+    import importlib
+
+    module = importlib.import_module(f"kernels.{family}")
+    results = []
+    for shape, config in jobs:
+        try:
+            results.append(compile_config(module, shape, config, target))
+        except Exception as exc:  # noqa: BLE001 - a config that does not compile is data
+            text = str(exc).strip()
+            results.append(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
+    return results
+
+
+def compile_configs(family: str, jobs: list[tuple[dict, dict]], target) -> list:
+    """Compile (shape, config) jobs of a family ('gemm' / 'attention') for a GPUTarget.
+
+    Returns, per job, a list of CompileReport (one per kernel the config launches) or a failure
+    reason string. Runs in this process when it can, else in one clean subprocess (without
+    TRITON_INTERPRET) for all jobs.
+    """
+    import json
+    import subprocess
+    import sys
+
+    if _compiler_usable_here():
+        return _compile_in_process(family, jobs, target)
+    payload = json.dumps({"family": family, "jobs": jobs,
+                          "target": [target.backend, target.arch, target.warp_size]})
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", "from kernels.gemm import _compile_worker; _compile_worker()"],
+                          input=payload, capture_output=True, text=True, env=env, cwd=root)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compile subprocess failed: {proc.stderr.strip()[-2000:]}")
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [row if isinstance(row, str) else [CompileReport(**r) for r in row] for row in rows]
+
+
+def _compile_worker() -> None:
+    """stdin: {"family", "jobs", "target"} as JSON; stdout: one JSON line of results."""
+    import dataclasses
+    import json
+    import sys
+
+    from triton.backends.compiler import GPUTarget
+
+    request = json.loads(sys.stdin.read())
+    target = GPUTarget(*request["target"])
+    if not _compiler_usable_here():
+        raise SystemExit("triton.language was imported in interpreter mode; unset TRITON_INTERPRET")
+    results = _compile_in_process(request["family"], [tuple(job) for job in request["jobs"]], target)
+    print(json.dumps([row if isinstance(row, str) else [dataclasses.asdict(r) for r in row]
+                      for row in results]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -361,16 +481,45 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, SPLIT_K=split_k,
                 EVEN_K=k % block_k == 0, EVEN_MN=m % block_m == 0 and n % block_n == 0)
 
-    if split_k == 1:
-        args = (a, b, out, m, n, k, sab, sam, sak, sbb, sbk, sbn, m * n, 0, n, 1)
-        return out, [KernelCall(gemm_kernel, grid, args, meta, opts)]
+    workspace = None
+    if split_k > 1:
+        workspace = torch.empty((batch * split_k, m, n), device=a.device, dtype=torch.float32)
+    target, stride_cs = (out, 0) if workspace is None else (workspace, m * n)
 
-    workspace = torch.empty((batch * split_k, m, n), device=a.device, dtype=torch.float32)
-    args = (a, b, workspace, m, n, k, sab, sam, sak, sbb, sbk, sbn, split_k * m * n, m * n, n, 1)
-    reduce = KernelCall(splitk_reduce_kernel, (triton.cdiv(m * n, REDUCE_BLOCK), batch),
-                        (workspace, out, m * n), dict(SPLIT_K=split_k, BLOCK=REDUCE_BLOCK),
-                        {"num_warps": 4})
-    return out, [KernelCall(gemm_kernel, grid, args, meta, opts), reduce]
+    use_tma = int(config.get("TMA", 0)) == 1 and (backend or tensor_backend(a)) in ("cuda", "cpu")
+    b_is_weight = b.dim() == 2 and b.stride(0) == 1  # the [k, n] view of a row-major [n, k] weight
+    if use_tma and tma_supported(a, b):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, block_k])
+        if b_is_weight:
+            b_desc = TensorDescriptor(b, [n, k], [b.stride(1), 1], [block_n, block_k])
+        else:
+            b_desc = TensorDescriptor(b, [k, n], [b.stride(0), 1], [block_k, block_n])
+        tma_meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
+                        SPLIT_K=split_k, B_IS_WEIGHT=b_is_weight)
+        args = (a_desc, b_desc, target, m, n, k, stride_cs, n, 1)
+        calls = [KernelCall(gemm_tma_kernel, grid[:2], args, tma_meta, opts)]
+    else:
+        args = (a, b, target, m, n, k, sab, sam, sak, sbb, sbk, sbn, split_k * m * n if workspace is not None
+                else m * n, stride_cs, n, 1)
+        calls = [KernelCall(gemm_kernel, grid, args, meta, opts)]
+    if workspace is not None:
+        calls.append(KernelCall(splitk_reduce_kernel, (triton.cdiv(m * n, REDUCE_BLOCK), batch),
+                                (workspace, out, m * n), dict(SPLIT_K=split_k, BLOCK=REDUCE_BLOCK),
+                                {"num_warps": 4}))
+    return out, calls
+
+
+def tma_supported(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """TMA descriptors need 2-D operands with a contiguous last dimension, 16-byte aligned rows
+    and base: A row-major [m, k]; B the [k, n] view of a row-major weight, or row-major [k, n]."""
+    if a.dim() != 2 or b.dim() != 2 or a.stride(1) != 1 or (b.stride(0) != 1 and b.stride(1) != 1):
+        return False
+    elem = a.element_size()
+    row_strides = (a.stride(0), b.stride(1) if b.stride(0) == 1 else b.stride(0))
+    aligned = all(stride * elem % 16 == 0 for stride in row_strides)
+    return aligned and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
 
 
 def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:

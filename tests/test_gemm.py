@@ -65,6 +65,23 @@ def test_even_shape_takes_the_unmasked_path(layout):
     assert rel_err(gemm.launch(inputs, config), gemm.reference(inputs)) < TOLERANCE["bfloat16"]
 
 
+@pytest.mark.parametrize("layout", ["NT", "NN"])
+def test_tma_descriptor_kernel(layout):
+    # n = 40 keeps the NN rows 16-byte aligned, so both layouts take the descriptor kernel;
+    # ragged m / n / k come back as zeros from out-of-range descriptor reads.
+    shape = {"m": 17, "n": 40, "k": 40, "dtype": "bfloat16", "layout": layout}
+    inputs = gemm.make_inputs(shape, "cpu", seed=8)
+    for split_k in (1, 3):
+        config = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "SPLIT_K": split_k, "TMA": 1}
+        _, calls = gemm.launch_plan(inputs, config)
+        assert calls[0].kernel is gemm.gemm_tma_kernel
+        assert rel_err(gemm.launch(inputs, config), gemm.reference(inputs)) < TOLERANCE["bfloat16"]
+    # Rows of 33 bf16 (66 bytes) are not 16-byte aligned: the pointer kernel serves TMA=1.
+    odd = gemm.make_inputs({**shape, "n": 33, "layout": "NN"}, "cpu", seed=8)
+    _, calls = gemm.launch_plan(odd, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "TMA": 1})
+    assert calls[0].kernel is gemm.gemm_kernel
+
+
 def test_out_argument_is_written_completely():
     shape = {"m": 19, "n": 21, "k": 37, "dtype": "float16", "layout": "NT"}
     inputs = gemm.make_inputs(shape, "cpu", seed=2)
