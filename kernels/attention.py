@@ -157,12 +157,13 @@ def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
     if heads % kv_heads:
         raise ValueError(f"attention: heads {heads} is not a multiple of kv_heads {kv_heads}")
     dtype = _dtype(shape)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    # Drawn on the target device (fast for GB-sized caches); same seed and device, same numbers.
+    gen = None if torch.device(device).type == "meta" else torch.Generator(device=device).manual_seed(seed)
 
     def randn(*dims):
         if torch.device(device).type == "meta":  # shapes and strides only (compile checks)
             return torch.empty(*dims, dtype=dtype, device="meta")
-        return torch.randn(*dims, generator=gen, dtype=torch.float32).to(dtype=dtype, device=device)
+        return torch.randn(*dims, generator=gen, dtype=torch.float32, device=device).to(dtype)
 
     return {"q": randn(batch, heads, head_dim),
             "k": randn(batch, kv_heads, kv_len, head_dim),

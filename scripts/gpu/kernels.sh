@@ -69,7 +69,7 @@ def free():
 
 def short(config: dict) -> str:
     keys = {"BLOCK_M": "M", "BLOCK_N": "N", "BLOCK_K": "K", "GROUP_M": "G", "SPLIT_K": "sk",
-            "HEADS_PER_BLOCK": "hpb", "SPLIT_KV": "skv", "num_warps": "w", "num_stages": "s"}
+            "HEADS_PER_BLOCK": "hpb", "SPLIT_KV": "skv", "num_warps": "w", "num_stages": "s", "TMA": "tma"}
     return ",".join(f"{keys.get(k, k)}{v}" for k, v in config.items() if k in keys)
 
 
@@ -139,21 +139,23 @@ if SMOKE:
 
 
 def gemm_candidates(shape: dict) -> list[dict]:
+    """The default config plus a bounded list, each with and without TMA (cuda), kept by the space."""
     m = shape["m"]
     if m >= 256:
-        tiles = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3), (256, 128, 64, 8, 4),
-                 (128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (128, 128, 128, 8, 3), (64, 256, 64, 4, 4),
-                 (128, 64, 64, 4, 4), (64, 128, 64, 4, 4)]
+        tiles = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3),
+                 (128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (64, 256, 64, 4, 4)]
         configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": 1,
-                    "num_warps": w, "num_stages": s} for bm, bn, bk, w, s in tiles]
+                    "num_warps": w, "num_stages": s, "TMA": tma}
+                   for bm, bn, bk, w, s in tiles for tma in (0, 1)]
     else:
         bm = max(16, min(64, 1 << (m - 1).bit_length()))
-        configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": sk,
-                    "num_warps": 4, "num_stages": s}
-                   for bn in (32, 64, 128) for bk in (64, 128) for sk in (1, 2, 4) for s in (4,)]
-        configs += [{"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 1,
-                     "num_warps": 4, "num_stages": s} for s in (3, 5)]
+        configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": sk,
+                    "num_warps": 4, "num_stages": 4, "TMA": tma}
+                   for bn in (64, 128) for sk in (1, 2, 4, 8) for tma in (0, 1)]
+        configs += [{"BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": sk,
+                     "num_warps": 4, "num_stages": 4, "TMA": 0} for sk in (4, 8)]
     space = space_for("gemm", backend)
+    configs = [{k: v for k, v in c.items() if k in space.params} for c in configs]  # no TMA on hip
     kept = [c for c in configs if space.allows(c, shape)]
     return unique([gemm.default_config(shape, backend)] + kept)
 
