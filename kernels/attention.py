@@ -314,6 +314,30 @@ def shape_key(shape: dict) -> str:
     return format_shape_key(shape, ("batch", "heads", "kv_heads", "kv_len", "head_dim", "dtype"))
 
 
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Serving entry point: q [batch, heads, head_dim] (or [batch, heads, 1, head_dim]) over the
+    cache k / v [batch, kv_heads, kv_len, head_dim]; the config comes from tuner.runtime (exported,
+    else the default). Returns out shaped like q. Falls back to torch's SDPA for other dtypes or a
+    CPU tensor outside the interpreter."""
+    squeeze = q.dim() == 4
+    q3 = q.squeeze(2) if squeeze else q
+    name = str(q.dtype).removeprefix("torch.")
+    on_cpu = q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1"
+    if name not in DTYPES or on_cpu or k.stride(-1) != 1 or v.stride(-1) != 1:
+        out = baseline({"q": q3, "k": k, "v": v})
+        return out.unsqueeze(2) if squeeze else out
+    shape = {"batch": int(q3.shape[0]), "heads": int(q3.shape[1]), "kv_heads": int(k.shape[1]),
+             "kv_len": int(k.shape[2]), "head_dim": int(q3.shape[2]), "dtype": name}
+    try:
+        from tuner.runtime import config_for
+
+        config = config_for("attention", shape)
+    except ImportError:
+        config = default_config(shape, "hip" if torch.version.hip else "cuda")
+    out = launch({"q": q3, "k": k, "v": v}, config)
+    return out.unsqueeze(2) if squeeze else out
+
+
 FAMILY = KernelFamily(
     name="attention",
     make_inputs=make_inputs,

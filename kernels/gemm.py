@@ -628,6 +628,37 @@ def shape_key(shape: dict) -> str:
     return format_shape_key(shape, ("batch", "m", "n", "k", "dtype", "layout"))
 
 
+# ----------------------------------------------------------------------------------------------
+# Serving entry point
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Drop-in for torch.nn.functional.linear on prefill-sized inputs: x[..., k] with more than 8
+    rows runs the tiled GEMM (layout NT) with the config from tuner.runtime (exported, nearest m,
+    else the default); fewer rows (kernels.gemv's territory), other dtypes or a CPU tensor
+    outside the interpreter fall back to torch."""
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    name = str(x.dtype).removeprefix("torch.")
+    on_cpu = x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1"
+    if rows <= 8 or weight.dim() != 2 or weight.dtype != x.dtype or name not in DTYPES or on_cpu:
+        return torch.nn.functional.linear(x, weight, bias)
+    shape = {"m": rows, "n": int(weight.shape[0]), "k": int(k), "dtype": name, "layout": "NT"}
+    a = x.reshape(rows, k)
+    out = launch({"a": a if a.stride(-1) == 1 else a.contiguous(), "b": weight.t()}, _config_for(shape))
+    if bias is not None:
+        out += bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _config_for(shape: dict) -> dict:
+    try:
+        from tuner.runtime import config_for
+    except ImportError:
+        return default_config(shape, "hip" if torch.version.hip else "cuda")
+    return config_for("gemm", shape)
+
+
 FAMILY = KernelFamily(
     name="gemm",
     make_inputs=make_inputs,

@@ -126,3 +126,11 @@ def test_parity_checker_on_attention():
     assert result.passed and result.rel_err < 1e-2, result.reason
     again = parity.check(attention.FAMILY, GQA, split, mode="exact", reference=split, device="cpu")
     assert again.passed and again.parity_class == "exact", again.reason
+
+
+def test_decode_attention_entry_point(gqa_inputs):
+    inputs, ref = gqa_inputs
+    out = attention.decode_attention(inputs["q"], inputs["k"], inputs["v"])
+    assert out.shape == inputs["q"].shape and rel_err(out, ref) < TOLERANCE["bfloat16"]
+    out4 = attention.decode_attention(inputs["q"].unsqueeze(2), inputs["k"], inputs["v"])
+    assert out4.shape == (2, 8, 1, 64) and torch.equal(out4.squeeze(2), out)

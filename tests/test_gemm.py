@@ -169,3 +169,15 @@ def test_parity_checker_on_gemm():
     # A config is bit-identical to itself (split-K reduction in a fixed order).
     again = parity.check(gemm.FAMILY, shape, split, mode="exact", reference=split, device="cpu")
     assert again.passed and again.parity_class == "exact", again.reason
+
+
+def test_linear_entry_point_matches_torch():
+    weight = gemm.make_inputs({"m": 1, "n": 24, "k": 40, "dtype": "bfloat16", "layout": "NT"}, "cpu", 9)["b"].t()
+    x = torch.randn(2, 9, 40, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    bias = torch.randn(24).to(torch.bfloat16)
+    out = gemm.linear(x, weight, bias)  # 18 rows: the tiled GEMM
+    assert out.shape == (2, 9, 24)
+    ref = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
+    assert rel_err(out, ref) < TOLERANCE["bfloat16"]
+    small = gemm.linear(x[:, :2], weight)  # 4 rows: torch (gemv's territory)
+    assert torch.equal(small, torch.nn.functional.linear(x[:, :2], weight))
