@@ -634,7 +634,9 @@ def prepare_studies(plans: list[StudyPlan], settings: SearchSettings) -> None:
             if attrs.get(name) != value:
                 study.set_user_attr(name, _plain(value))
         fail_stale_trials(study)
-        if study.get_trials(deepcopy=False):
+        trials = study.get_trials(deepcopy=False)
+        fail_orphans(study, trials, settings.grace_s)
+        if trials:
             continue  # resuming: the queue is already in the storage
         default_params = {k: plan.default_config[k] for k in plan.space.params
                           if k in plan.default_config}
@@ -645,6 +647,36 @@ def prepare_studies(plans: list[StudyPlan], settings: SearchSettings) -> None:
         role = "grid" if settings.sampler == "grid" else "startup"
         for params in startup_configs(plan, settings.sampler, settings.seed):
             study.enqueue_trial(params, user_attrs={"role": role})
+
+
+def fail_orphans(study, trials, grace_s: float | None) -> int:
+    """Fail RUNNING trials whose worker died between creating the trial and starting its
+    heartbeat (Optuna's heartbeat check never sees a trial without a heartbeat): no config
+    recorded and older than the grace period. A queued config goes back into the queue."""
+    import datetime
+
+    import optuna
+    from optuna.trial import TrialState
+
+    now = datetime.datetime.now()
+    limit = datetime.timedelta(seconds=float(grace_s or 60))
+    failed = 0
+    for t in trials:
+        if (t.state != TrialState.RUNNING or "config" in t.user_attrs or t.datetime_start is None
+                or now - t.datetime_start < limit):
+            continue
+        try:
+            study._storage.set_trial_user_attr(t._trial_id, "failure",
+                                               "worker died: before the trial started")
+            if not study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+        failed += 1
+        fixed = t.system_attrs.get("fixed_params")
+        if fixed:
+            study.enqueue_trial(dict(fixed), user_attrs={"retry_of": t.number})
+    return failed
 
 
 def _plain(value):
@@ -713,8 +745,12 @@ def _worker_main(args: _WorkerArgs, conn, stop_event) -> None:
             if study_done(state, plan, settings.trials):
                 plan = None
         if plan is None or state is None:
-            states = {p.study_name: read_state(studies[p.study_name].get_trials(deepcopy=False), p)
-                      for p in args.plans}
+            states = {}
+            for p in args.plans:
+                trials = studies[p.study_name].get_trials(deepcopy=False)
+                if fail_orphans(studies[p.study_name], trials, settings.grace_s):
+                    trials = studies[p.study_name].get_trials(deepcopy=False)
+                states[p.study_name] = read_state(trials, p)
             plan = _pick(states, args.plans, settings, args.slot)
             if plan is None:
                 break
@@ -785,8 +821,10 @@ def _check_trial_cap(trial, plan: StudyPlan, trials: int, params: dict, outcome:
 
     others = trial.study.get_trials(deepcopy=False)
     state = read_state([t for t in others if t.number != trial.number], plan)
+    mine = (trial.datetime_start, trial.number)
     earlier_running = sum(1 for t in others
-                          if t.state == TrialState.RUNNING and t.number < trial.number)
+                          if t.state == TrialState.RUNNING and t.number != trial.number
+                          and t.datetime_start is not None and (t.datetime_start, t.number) < mine)
     if state.measured + earlier_running < trials:
         return
     if "fixed_params" in trial.system_attrs:
