@@ -36,26 +36,6 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # --------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _fma_row(acc, w, x_row_ptr, offs_2d, k_mask_2d, EVEN_K: tl.constexpr):
-    """acc[R, BK] += w[R, BK] * x[offs_k] (one row of x).
-
-    x is loaded through a [R, BK] pointer tensor that repeats the row (offs_2d is zero along the
-    rows): it then has the same register layout as the W tile, each thread reads just the x
-    elements it multiplies (L1 hits), and no shared-memory layout conversion sits in the loop."""
-    if EVEN_K:
-        x = tl.load(x_row_ptr + offs_2d)
-    else:
-        x = tl.load(x_row_ptr + offs_2d, mask=k_mask_2d, other=0.0)
-    return acc + w * x.to(tl.float32)
-
-
-@triton.jit
-def _store_row(acc, row_ptr, rows, n_mask):
-    """row_ptr[rows] = sum_k acc[rows, :] (cast to the pointer's element type)."""
-    tl.store(row_ptr + rows, tl.sum(acc, axis=1).to(row_ptr.dtype.element_ty), mask=n_mask)
-
-
-@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, N, K, k_per_split,
                  stride_xm, stride_wn, stride_om,
                  M: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -82,29 +62,42 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, N, K, k_per_split,
     # passes k_per_split as a constant because it cannot loop to a runtime bound with numpy >= 2.4.
     for k0 in range(0, k_per_split if STATIC_KPS == 0 else STATIC_KPS, BLOCK_K):
         offs_k = k_start + k0 + offs
+        # x rows are loaded through a [R, BK] pointer tensor that repeats the row (zero offsets
+        # along the rows): the loads get the W tile's register layout, each thread reads only
+        # the x elements it multiplies (L1 hits), and no shared-memory layout conversion sits
+        # in the loop. (No helper @jit functions here: the interpreter does not undo its
+        # patches of triton.language after a helper call, which breaks later real compiles.)
         offs_2d = zero_rows[:, None] + offs_k[None, :]
-        k_mask_2d = offs_2d < K
         if EVEN_K:
-            w = tl.load(w_rows + offs_k[None, :], eviction_policy="evict_first")
+            k_mask = None
+            k_other = None
         else:
-            w = tl.load(w_rows + offs_k[None, :], mask=k_mask_2d, other=0.0,
-                        eviction_policy="evict_first")
-        w = w.to(tl.float32)
-        acc0 = _fma_row(acc0, w, x_ptr, offs_2d, k_mask_2d, EVEN_K)
+            k_mask = offs_2d < K
+            k_other = 0.0
+        w = tl.load(w_rows + offs_k[None, :], mask=k_mask, other=k_other,
+                    eviction_policy="evict_first").to(tl.float32)
+        acc0 += w * tl.load(x_ptr + offs_2d, mask=k_mask, other=k_other).to(tl.float32)
         if M > 1:
-            acc1 = _fma_row(acc1, w, x_ptr + 1 * stride_xm, offs_2d, k_mask_2d, EVEN_K)
+            acc1 += w * tl.load(x_ptr + 1 * stride_xm + offs_2d, mask=k_mask,
+                                other=k_other).to(tl.float32)
         if M > 2:
-            acc2 = _fma_row(acc2, w, x_ptr + 2 * stride_xm, offs_2d, k_mask_2d, EVEN_K)
+            acc2 += w * tl.load(x_ptr + 2 * stride_xm + offs_2d, mask=k_mask,
+                                other=k_other).to(tl.float32)
         if M > 3:
-            acc3 = _fma_row(acc3, w, x_ptr + 3 * stride_xm, offs_2d, k_mask_2d, EVEN_K)
+            acc3 += w * tl.load(x_ptr + 3 * stride_xm + offs_2d, mask=k_mask,
+                                other=k_other).to(tl.float32)
         if M > 4:
-            acc4 = _fma_row(acc4, w, x_ptr + 4 * stride_xm, offs_2d, k_mask_2d, EVEN_K)
+            acc4 += w * tl.load(x_ptr + 4 * stride_xm + offs_2d, mask=k_mask,
+                                other=k_other).to(tl.float32)
         if M > 5:
-            acc5 = _fma_row(acc5, w, x_ptr + 5 * stride_xm, offs_2d, k_mask_2d, EVEN_K)
+            acc5 += w * tl.load(x_ptr + 5 * stride_xm + offs_2d, mask=k_mask,
+                                other=k_other).to(tl.float32)
         if M > 6:
-            acc6 = _fma_row(acc6, w, x_ptr + 6 * stride_xm, offs_2d, k_mask_2d, EVEN_K)
+            acc6 += w * tl.load(x_ptr + 6 * stride_xm + offs_2d, mask=k_mask,
+                                other=k_other).to(tl.float32)
         if M > 7:
-            acc7 = _fma_row(acc7, w, x_ptr + 7 * stride_xm, offs_2d, k_mask_2d, EVEN_K)
+            acc7 += w * tl.load(x_ptr + 7 * stride_xm + offs_2d, mask=k_mask,
+                                other=k_other).to(tl.float32)
 
     if SPLIT_K == 1:
         base = out_ptr
@@ -112,21 +105,23 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, N, K, k_per_split,
     else:
         base = part_ptr + pid_k * M * N  # fp32 workspace [SPLIT_K, M, N]
         stride = N
-    _store_row(acc0, base, rows, n_mask)
+    # row sums over k, cast to the destination (out dtype, or the fp32 workspace)
+    ty = base.dtype.element_ty
+    tl.store(base + rows, tl.sum(acc0, axis=1).to(ty), mask=n_mask)
     if M > 1:
-        _store_row(acc1, base + 1 * stride, rows, n_mask)
+        tl.store(base + 1 * stride + rows, tl.sum(acc1, axis=1).to(ty), mask=n_mask)
     if M > 2:
-        _store_row(acc2, base + 2 * stride, rows, n_mask)
+        tl.store(base + 2 * stride + rows, tl.sum(acc2, axis=1).to(ty), mask=n_mask)
     if M > 3:
-        _store_row(acc3, base + 3 * stride, rows, n_mask)
+        tl.store(base + 3 * stride + rows, tl.sum(acc3, axis=1).to(ty), mask=n_mask)
     if M > 4:
-        _store_row(acc4, base + 4 * stride, rows, n_mask)
+        tl.store(base + 4 * stride + rows, tl.sum(acc4, axis=1).to(ty), mask=n_mask)
     if M > 5:
-        _store_row(acc5, base + 5 * stride, rows, n_mask)
+        tl.store(base + 5 * stride + rows, tl.sum(acc5, axis=1).to(ty), mask=n_mask)
     if M > 6:
-        _store_row(acc6, base + 6 * stride, rows, n_mask)
+        tl.store(base + 6 * stride + rows, tl.sum(acc6, axis=1).to(ty), mask=n_mask)
     if M > 7:
-        _store_row(acc7, base + 7 * stride, rows, n_mask)
+        tl.store(base + 7 * stride + rows, tl.sum(acc7, axis=1).to(ty), mask=n_mask)
 
 
 @triton.jit
@@ -251,7 +246,8 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
             rows = r
             break
     k_cap = max(64, _next_pow2(k))
-    max_block_k = 1024 if backend == "dcu" else 2048  # the dcu space stops at 1024
+    max_block_k = 1024 if backend == "dcu" else 2048  # the dcu space stops at 1024 / 8 rows
+    max_rows = 8 if backend == "dcu" else 16
     # fp32 accumulators: m * rows * BLOCK_K values shared by `threads` threads, <= ~64 each
     block_k = 512
     while block_k > 64 and m * rows * block_k > 64 * threads:
@@ -261,6 +257,8 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
     while rows * block_k < 8 * threads:
         if block_k < min(k_cap, max_block_k) and m * rows * block_k * 2 <= 64 * threads:
             block_k *= 2
+        elif rows < max_rows and rows * 2 <= n and m * rows * block_k * 2 <= 64 * threads:
+            rows *= 2  # short k: more rows per program instead of idle threads
         elif num_warps > 1:
             num_warps //= 2
             threads = wave * num_warps
@@ -421,7 +419,8 @@ def compile_config(config: dict, shape: dict, target) -> dict:
                   "EVEN_K": kps * split_k == k, "STATIC_KPS": 0}
     for name in constexprs:
         signature[name] = "constexpr"
-    names = _gemv_kernel.arg_names
+    kernel = _gemv_kernel
+    names = kernel.arg_names
     attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("x_ptr", "w_ptr", "out_ptr",
                                                                     "part_ptr")}
     attrs.update({(names.index(p),): [["tt.divisibility", 16]] for p, v in ints.items()
@@ -430,7 +429,7 @@ def compile_config(config: dict, shape: dict, target) -> dict:
                "num_stages": int(config.get("num_stages", 1))}
     if target.backend == "hip" and "waves_per_eu" in config:
         options["waves_per_eu"] = int(config["waves_per_eu"])
-    src = ASTSource(fn=_gemv_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=target, options=options)
     shared = int(compiled.metadata.shared)
     if target.backend == "hip":
@@ -443,7 +442,9 @@ def compile_config(config: dict, shape: dict, target) -> dict:
         regs = field("vgpr_count")
         spills = field("vgpr_spill_count") + field("sgpr_spill_count")
         shared = max(shared, field("group_segment_fixed_size"))
-        return {"regs": regs, "spills": spills, "shared": shared, "asm": text}
+        wide = len(re.findall(r"(global|buffer)_load_dwordx4", text))
+        return {"regs": regs, "spills": spills, "shared": shared, "wide_loads": wide,
+                "waves_per_eu_attr": "amdgpu-waves-per-eu" in compiled.asm["llir"], "asm": text}
     text = compiled.asm["ptx"]
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
@@ -454,4 +455,60 @@ def compile_config(config: dict, shape: dict, target) -> dict:
     regs = re.search(r"REG:(\d+)", usage)
     stack = re.search(r"STACK:(\d+)", usage)
     return {"regs": int(regs.group(1)) if regs else -1,
-            "spills": int(stack.group(1)) if stack else 0, "shared": shared, "asm": text}
+            "spills": int(stack.group(1)) if stack else 0, "shared": shared,
+            "wide_loads": len(re.findall(r"ld\.global[.\w]*\.v4", text)), "asm": text}
+
+
+def _interpreting_here() -> bool:
+    return type(_gemv_kernel).__name__ == "InterpretedFunction"
+
+
+def compile_configs(items: list[tuple[dict, dict]], target, with_asm: bool = False) -> list[dict]:
+    """compile_config for many (config, shape) pairs. Where this process imported Triton under
+    TRITON_INTERPRET=1 (its jit functions, tl.sum's combine function included, are then
+    interpreter objects that cannot be compiled), the compiles run in one child process
+    without the interpreter. A config that fails to compile gives {"error": reason}."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if not _interpreting_here():
+        results = []
+        for config, shape in items:
+            try:
+                res = compile_config(config, shape, target)
+            except Exception as exc:  # noqa: BLE001 - a failing config is data
+                res = {"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}
+            if not with_asm:
+                res.pop("asm", None)
+            results.append(res)
+        return results
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    request = {"target": [target.backend, target.arch, target.warp_size], "with_asm": with_asm,
+               "items": [[config, shape] for config, shape in items]}
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.run([sys.executable, "-m", "kernels.gemv", "--compile-json"],
+                          input=json.dumps(request), capture_output=True, text=True, env=env,
+                          cwd=root, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compile child failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _compile_json_main() -> None:
+    import json
+    import sys
+
+    from triton.backends.compiler import GPUTarget
+
+    request = json.loads(sys.stdin.read())
+    backend, arch, warp = request["target"]
+    target = GPUTarget(backend, arch, int(warp))
+    items = [(config, shape) for config, shape in request["items"]]
+    print(json.dumps(compile_configs(items, target, with_asm=request["with_asm"])))
+
+
+if __name__ == "__main__" and "--compile-json" in __import__("sys").argv:
+    _compile_json_main()

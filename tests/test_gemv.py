@@ -137,6 +137,22 @@ def test_default_config_lies_in_the_search_space(backend, sms):
             assert ("waves_per_eu" in config) == (backend != "cuda")
 
 
+def test_default_config_is_allowed_on_random_shapes():
+    import random
+
+    rng = random.Random(0)
+    spaces = {b: space_for("gemv", b) for b in ("cuda", "hip", "dcu")}
+    for _ in range(400):
+        shape = {"m": rng.randint(1, 8), "n": rng.choice([rng.randint(1, 300),
+                                                          rng.randint(1, 200_000)]),
+                 "k": rng.choice([rng.randint(1, 300), rng.randint(1, 30_000)])}
+        for backend, sms in (("cuda", 132), ("hip", 304), ("dcu", 120)):
+            config = gemv.default_config(shape, backend, sm_count=sms)
+            space = spaces[backend]
+            assert space.allows(config, shape), (backend, shape, config)
+            assert all(config[p] in space.params[p] for p in space.params), (backend, config)
+
+
 def test_cuda_space_is_small_enough_for_an_exhaustive_grid():
     space = space_for("gemv", "cuda")
     assert "waves_per_eu" not in space.params
