@@ -13,7 +13,7 @@ OUT="${OUT:-artifacts/gpu}"
 mkdir -p "$OUT"
 LOG="$OUT/gemv.log"
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
-TABLE_BUDGET_S="${TABLE_BUDGET_S:-300}"
+TABLE_BUDGET_S="${TABLE_BUDGET_S:-270}"
 
 {
 echo "=== gemv.sh  $(date -u +%FT%TZ)  host $(hostname)"
@@ -53,7 +53,7 @@ from tuner.spaces import space_for
 
 t_start = time.time()
 smoke = os.environ.get("GEMV_SMOKE") == "1"
-budget = float(os.environ.get("TABLE_BUDGET_S", "300"))
+budget = float(os.environ.get("TABLE_BUDGET_S", "270"))
 fam = get_family("gemv")
 dev = "cpu" if smoke else None
 timer_opts = dict(device="cpu", target_graph_us=1.0, min_calls=1) if smoke else {}
