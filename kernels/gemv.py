@@ -456,7 +456,7 @@ def compile_config(config: dict, shape: dict, target) -> dict:
     stack = re.search(r"STACK:(\d+)", usage)
     return {"regs": int(regs.group(1)) if regs else -1,
             "spills": int(stack.group(1)) if stack else 0, "shared": shared,
-            "wide_loads": len(re.findall(r"ld\.global[.\w]*\.v4", text)), "asm": text}
+            "wide_loads": len(re.findall(r"ld\.global[.:\w]*\.v4", text)), "asm": text}
 
 
 def _interpreting_here() -> bool:
