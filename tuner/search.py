@@ -434,19 +434,17 @@ def _retry_stale_trial(study, trial) -> None:
 def _maybe_retry(study, trial) -> bool:
     from optuna.trial import TrialState
 
-    config = trial.user_attrs.get("config")
-    if not trial.params:
-        return False
-    key = config_key(config) if config else None
+    params = dict(trial.params or trial.system_attrs.get("fixed_params") or {})
+    if not params:
+        return False  # died before it had a config: nothing to retry
     deaths = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-        other = t.user_attrs.get("config")
-        same = (config_key(other) == key) if (key and other) else (t.params == trial.params)
-        if same and _is_death(t):
+        other = dict(t.params or t.system_attrs.get("fixed_params") or {})
+        if other == params and _is_death(t):
             deaths += 1
     if deaths >= MAX_DEATHS_PER_CONFIG:
         return False
-    study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
+    study.enqueue_trial(params, user_attrs={"retry_of": trial.number})
     return True
 
 
@@ -560,8 +558,10 @@ def read_state(trials, plan: StudyPlan, now: float | None = None) -> StudyState:
     state = StudyState()
     deaths: dict[str, int] = {}
     for t in trials:
-        config = t.user_attrs.get("config") or _full_config(plan.default_config, t.params)
-        key = config_key(config)
+        params = t.params or t.system_attrs.get("fixed_params") or {}
+        config = t.user_attrs.get("config") or (_full_config(plan.default_config, params)
+                                                if params else None)
+        key = config_key(config) if config else f"trial {t.number}"  # never ran: no config
         if t.state == TrialState.WAITING:
             state.waiting += 1
             continue
@@ -680,8 +680,18 @@ def fail_orphans(study, trials, grace_s: float | None) -> int:
 
 
 def _plain(value):
-    """Plain JSON for optuna-dashboard (numpy scalars and NaN become float / None)."""
-    return json.loads(json.dumps(value, default=lambda v: v.item() if hasattr(v, "item") else str(v)).replace("NaN", "null"))
+    """Plain JSON for optuna-dashboard: numpy scalars become Python numbers, NaN/inf None."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
 
 
 # -------------------------------------------------------------------------------- the worker
