@@ -13,8 +13,14 @@ Parameters (search_spaces/gemm.yaml): BLOCK_M, BLOCK_N, BLOCK_K (tile), GROUP_M 
 order: GROUP_M row-tiles share the same B column-tiles while they are in L2), SPLIT_K (K split
 over SPLIT_K programs writing fp32 partials; a second kernel sums them in a fixed order, so the
 result is deterministic, no atomics), num_warps, num_stages; on hip also waves_per_eu,
-matrix_instr_nonkdim, kpack (Triton HIP compile options, passed as launch keyword arguments).
-Ragged m / n / k are handled with masks.
+matrix_instr_nonkdim, kpack (Triton HIP compile options, passed as launch keyword arguments);
+on cuda also TMA (read A and B through tensor descriptors, `gemm_tma_kernel`). Ragged m / n / k
+are handled with masks (or by the descriptors' zero fill).
+
+Also here: `launch_plan` (the kernel calls of a config, also on meta tensors), the compile checks
+for GPU targets on a CPU host (`compile_configs`, `compile_config`, `compile_call`), the serving
+entry point `linear`, and `fix_interpreter` (Triton 3.6 interpreter workarounds). See
+docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -206,177 +212,6 @@ def splitk_reduce_kernel(ws_ptr, c_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.con
     for s in tl.static_range(SPLIT_K):
         acc += tl.load(ws_ptr + (pid_b * SPLIT_K + s) * MN + offs, mask=mask, other=0.0)
     tl.store(c_ptr + pid_b * MN + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-
-
-# ----------------------------------------------------------------------------------------------
-# Compile checks for real GPU targets on a CPU-only host
-
-
-@dataclass
-class CompileReport:
-    """Resource figures of one compiled kernel (from ptxas / the AMDGCN metadata)."""
-
-    kernel: str
-    target: str
-    n_regs: int  # registers per thread (CUDA) / VGPRs incl. AGPRs per lane (AMD)
-    n_spills: int  # stack + local (spill) bytes per thread (CUDA) / spilled VGPRs + SGPRs (AMD)
-    shared: int  # shared memory / LDS bytes per block as Triton allocated it
-
-
-_TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-def compile_call(call: KernelCall, target) -> CompileReport:
-    """Compile one planned call for ``target`` (a triton GPUTarget) without a GPU.
-
-    Argument specialisation follows Triton's JIT launcher: integers equal to 1 become constants,
-    pointers and integers divisible by 16 get the divisibility hint, and on hip pointers to
-    tensors under 2 GB get the 32-bit range hint. Use meta tensors in the plan.
-    """
-    import re
-    import subprocess
-    import tempfile
-
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-
-    kernel = call.kernel
-    if not isinstance(kernel, JITFunction):  # an InterpretedFunction under TRITON_INTERPRET=1
-        kernel = JITFunction(kernel.fn)
-    hip = target.backend == "hip"
-    signature, constexprs, attrs = {}, {}, {}
-    positional = list(call.args)
-    for index, name in enumerate(kernel.arg_names):
-        if name in call.constexprs:
-            signature[name], constexprs[name] = "constexpr", call.constexprs[name]
-            continue
-        value = positional.pop(0)
-        if type(value).__name__ == "TensorDescriptor":
-            block = ",".join(str(int(d)) for d in value.block_shape)
-            signature[name] = f"tensordesc<{_TORCH_TO_TRITON[value.base.dtype]}[{block}]>"
-        elif isinstance(value, torch.Tensor):
-            signature[name] = "*" + _TORCH_TO_TRITON[value.dtype]
-            attrs[(index,)] = [["tt.divisibility", 16]]
-            if hip and value.numel() * value.element_size() < 2**31:
-                attrs[(index,)].append(["tt.pointer_range", 32])
-        elif isinstance(value, bool):
-            signature[name] = "i1"
-        elif isinstance(value, int):
-            if value == 1:
-                signature[name], constexprs[name] = "constexpr", 1
-                continue
-            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
-            if value % 16 == 0:
-                attrs[(index,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            signature[name] = "fp32"
-        else:
-            raise TypeError(f"compile_call: cannot type argument {name}={value!r}")
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                              options=dict(call.options))
-    shared = int(compiled.metadata.shared)
-    if hip:
-        asm = compiled.asm["amdgcn"]
-
-        def field(key):
-            found = re.search(rf"{re.escape(key)}\s*(\d+)", asm)
-            return int(found.group(1)) if found else 0
-
-        return CompileReport(kernel.__name__, f"hip:{target.arch}", field("; TotalNumVgprs:") or
-                             field(".vgpr_count:"), field(".vgpr_spill_count:") + field(".sgpr_spill_count:"),
-                             max(shared, field(".group_segment_fixed_size:")))
-    # Registers and local memory (spills) of the cubin Triton's ptxas produced.
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        usage = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True,
-                               text=True, check=True).stdout
-
-    def field(key):
-        found = re.search(rf"{key}:(\d+)", usage)
-        return int(found.group(1)) if found else 0
-
-    # Spilled registers live in the per-thread stack frame (STACK) or local memory (LOCAL).
-    return CompileReport(kernel.__name__, f"cuda:{target.arch}", field("REG"),
-                         field("STACK") + field("LOCAL"), shared)
-
-
-def compile_config(family_module, shape: dict, config: dict, target) -> list[CompileReport]:
-    """Compile every kernel a config launches for ``shape`` on ``target`` (meta tensors, no GPU).
-
-    Needs a process where triton.language was imported without TRITON_INTERPRET=1 (its own
-    library functions are then interpreter objects the compiler cannot use); `compile_configs`
-    handles that case with a subprocess.
-    """
-    inputs = family_module.make_inputs(shape, "meta")
-    backend = "hip" if target.backend == "hip" else "cuda"
-    _, calls = family_module.launch_plan(inputs, config, backend=backend)
-    return [compile_call(call, target) for call in calls]
-
-
-def _compiler_usable_here() -> bool:
-    import triton.language.standard as standard
-    from triton.runtime.jit import JITFunction
-
-    return isinstance(standard.cdiv, JITFunction)
-
-
-def _compile_in_process(family: str, jobs: list, target) -> list:
-    import importlib
-
-    module = importlib.import_module(f"kernels.{family}")
-    results = []
-    for shape, config in jobs:
-        try:
-            results.append(compile_config(module, shape, config, target))
-        except Exception as exc:  # noqa: BLE001 - a config that does not compile is data
-            text = str(exc).strip()
-            results.append(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
-    return results
-
-
-def compile_configs(family: str, jobs: list[tuple[dict, dict]], target) -> list:
-    """Compile (shape, config) jobs of a family ('gemm' / 'attention') for a GPUTarget.
-
-    Returns, per job, a list of CompileReport (one per kernel the config launches) or a failure
-    reason string. Runs in this process when it can, else in one clean subprocess (without
-    TRITON_INTERPRET) for all jobs.
-    """
-    import json
-    import subprocess
-    import sys
-
-    if _compiler_usable_here():
-        return _compile_in_process(family, jobs, target)
-    payload = json.dumps({"family": family, "jobs": jobs,
-                          "target": [target.backend, target.arch, target.warp_size]})
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", "from kernels.gemm import _compile_worker; _compile_worker()"],
-                          input=payload, capture_output=True, text=True, env=env, cwd=root)
-    if proc.returncode != 0:
-        raise RuntimeError(f"compile subprocess failed: {proc.stderr.strip()[-2000:]}")
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    return [row if isinstance(row, str) else [CompileReport(**r) for r in row] for row in rows]
-
-
-def _compile_worker() -> None:
-    """stdin: {"family", "jobs", "target"} as JSON; stdout: one JSON line of results."""
-    import dataclasses
-    import json
-    import sys
-
-    from triton.backends.compiler import GPUTarget
-
-    request = json.loads(sys.stdin.read())
-    target = GPUTarget(*request["target"])
-    if not _compiler_usable_here():
-        raise SystemExit("triton.language was imported in interpreter mode; unset TRITON_INTERPRET")
-    results = _compile_in_process(request["family"], [tuple(job) for job in request["jobs"]], target)
-    print(json.dumps([row if isinstance(row, str) else [dataclasses.asdict(r) for r in row]
-                      for row in results]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -626,6 +461,177 @@ def shape_from_row(row) -> dict | None:
 
 def shape_key(shape: dict) -> str:
     return format_shape_key(shape, ("batch", "m", "n", "k", "dtype", "layout"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Compile checks for real GPU targets on a CPU-only host
+
+
+@dataclass
+class CompileReport:
+    """Resource figures of one compiled kernel (from ptxas / the AMDGCN metadata)."""
+
+    kernel: str
+    target: str
+    n_regs: int  # registers per thread (CUDA) / VGPRs incl. AGPRs per lane (AMD)
+    n_spills: int  # stack + local (spill) bytes per thread (CUDA) / spilled VGPRs + SGPRs (AMD)
+    shared: int  # shared memory / LDS bytes per block as Triton allocated it
+
+
+_TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def compile_call(call: KernelCall, target) -> CompileReport:
+    """Compile one planned call for ``target`` (a triton GPUTarget) without a GPU.
+
+    Argument specialisation follows Triton's JIT launcher: integers equal to 1 become constants,
+    pointers and integers divisible by 16 get the divisibility hint, and on hip pointers to
+    tensors under 2 GB get the 32-bit range hint. Use meta tensors in the plan.
+    """
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    kernel = call.kernel
+    if not isinstance(kernel, JITFunction):  # an InterpretedFunction under TRITON_INTERPRET=1
+        kernel = JITFunction(kernel.fn)
+    hip = target.backend == "hip"
+    signature, constexprs, attrs = {}, {}, {}
+    positional = list(call.args)
+    for index, name in enumerate(kernel.arg_names):
+        if name in call.constexprs:
+            signature[name], constexprs[name] = "constexpr", call.constexprs[name]
+            continue
+        value = positional.pop(0)
+        if type(value).__name__ == "TensorDescriptor":
+            block = ",".join(str(int(d)) for d in value.block_shape)
+            signature[name] = f"tensordesc<{_TORCH_TO_TRITON[value.base.dtype]}[{block}]>"
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TORCH_TO_TRITON[value.dtype]
+            attrs[(index,)] = [["tt.divisibility", 16]]
+            if hip and value.numel() * value.element_size() < 2**31:
+                attrs[(index,)].append(["tt.pointer_range", 32])
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            if value == 1:
+                signature[name], constexprs[name] = "constexpr", 1
+                continue
+            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            if value % 16 == 0:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"compile_call: cannot type argument {name}={value!r}")
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                              options=dict(call.options))
+    shared = int(compiled.metadata.shared)
+    if hip:
+        asm = compiled.asm["amdgcn"]
+
+        def field(key):
+            found = re.search(rf"{re.escape(key)}\s*(\d+)", asm)
+            return int(found.group(1)) if found else 0
+
+        return CompileReport(kernel.__name__, f"hip:{target.arch}", field("; TotalNumVgprs:") or
+                             field(".vgpr_count:"), field(".vgpr_spill_count:") + field(".sgpr_spill_count:"),
+                             max(shared, field(".group_segment_fixed_size:")))
+    # Registers and local memory (spills) of the cubin Triton's ptxas produced.
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True,
+                               text=True, check=True).stdout
+
+    def field(key):
+        found = re.search(rf"{key}:(\d+)", usage)
+        return int(found.group(1)) if found else 0
+
+    # Spilled registers live in the per-thread stack frame (STACK) or local memory (LOCAL).
+    return CompileReport(kernel.__name__, f"cuda:{target.arch}", field("REG"),
+                         field("STACK") + field("LOCAL"), shared)
+
+
+def compile_config(family_module, shape: dict, config: dict, target) -> list[CompileReport]:
+    """Compile every kernel a config launches for ``shape`` on ``target`` (meta tensors, no GPU).
+
+    Needs a process where triton.language was imported without TRITON_INTERPRET=1 (its own
+    library functions are then interpreter objects the compiler cannot use); `compile_configs`
+    handles that case with a subprocess.
+    """
+    inputs = family_module.make_inputs(shape, "meta")
+    backend = "hip" if target.backend == "hip" else "cuda"
+    _, calls = family_module.launch_plan(inputs, config, backend=backend)
+    return [compile_call(call, target) for call in calls]
+
+
+def _compiler_usable_here() -> bool:
+    import triton.language.standard as standard
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(standard.cdiv, JITFunction)
+
+
+def _compile_in_process(family: str, jobs: list, target) -> list:
+    import importlib
+
+    module = importlib.import_module(f"kernels.{family}")
+    results = []
+    for shape, config in jobs:
+        try:
+            results.append(compile_config(module, shape, config, target))
+        except Exception as exc:  # noqa: BLE001 - a config that does not compile is data
+            text = str(exc).strip()
+            results.append(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
+    return results
+
+
+def compile_configs(family: str, jobs: list[tuple[dict, dict]], target) -> list:
+    """Compile (shape, config) jobs of a family ('gemm' / 'attention') for a GPUTarget.
+
+    Returns, per job, a list of CompileReport (one per kernel the config launches) or a failure
+    reason string. Runs in this process when it can, else in one clean subprocess (without
+    TRITON_INTERPRET) for all jobs.
+    """
+    import json
+    import subprocess
+    import sys
+
+    if _compiler_usable_here():
+        return _compile_in_process(family, jobs, target)
+    payload = json.dumps({"family": family, "jobs": jobs,
+                          "target": [target.backend, target.arch, target.warp_size]})
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", "from kernels.gemm import _compile_worker; _compile_worker()"],
+                          input=payload, capture_output=True, text=True, env=env, cwd=root)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compile subprocess failed: {proc.stderr.strip()[-2000:]}")
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [row if isinstance(row, str) else [CompileReport(**r) for r in row] for row in rows]
+
+
+def _compile_worker() -> None:
+    """stdin: {"family", "jobs", "target"} as JSON; stdout: one JSON line of results."""
+    import dataclasses
+    import json
+    import sys
+
+    from triton.backends.compiler import GPUTarget
+
+    request = json.loads(sys.stdin.read())
+    target = GPUTarget(*request["target"])
+    if not _compiler_usable_here():
+        raise SystemExit("triton.language was imported in interpreter mode; unset TRITON_INTERPRET")
+    results = _compile_in_process(request["family"], [tuple(job) for job in request["jobs"]], target)
+    print(json.dumps([row if isinstance(row, str) else [dataclasses.asdict(r) for r in row]
+                      for row in results]))
 
 
 # ----------------------------------------------------------------------------------------------
