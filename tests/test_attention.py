@@ -134,3 +134,26 @@ def test_decode_attention_entry_point(gqa_inputs):
     assert out.shape == inputs["q"].shape and rel_err(out, ref) < TOLERANCE["bfloat16"]
     out4 = attention.decode_attention(inputs["q"].unsqueeze(2), inputs["k"], inputs["v"])
     assert out4.shape == (2, 8, 1, 64) and torch.equal(out4.squeeze(2), out)
+
+
+def test_real_decode_rows_group_of_seven():
+    # The bundled Qwen2.5-0.5B trace: 14 query heads on 2 KV heads (group 7), kv_len 129..134.
+    from pathlib import Path
+
+    from tuner import shapetable
+
+    table = shapetable.read(Path(__file__).resolve().parent.parent / "shapes" / "examples" / "qwen25_05b_b4_decode.parquet")
+    shapes = [s for s in (attention.shape_from_row(row) for _, row in table.iterrows()) if s]
+    decode_rows = table[(table["family"] == "attention") & (table["q_len"] == 1)]
+    assert len(shapes) == len(decode_rows) > 0
+    space = space_for("attention", "cuda")
+    for shape in shapes:
+        assert (shape["heads"], shape["kv_heads"], shape["head_dim"]) == (14, 2, 64)
+        config = attention.default_config(shape, "cuda")
+        assert config["HEADS_PER_BLOCK"] == 7 and 7 in space.params["HEADS_PER_BLOCK"]
+        assert space.allows(config, shape)
+        assert {c["HEADS_PER_BLOCK"] for c in space.configs(shape)} == {1, 7}
+    shape = shapes[0]
+    inputs = attention.make_inputs(shape, "cpu", seed=3)
+    out = attention.launch(inputs, {"HEADS_PER_BLOCK": 7, "BLOCK_N": 64, "SPLIT_KV": 2})
+    assert rel_err(out, attention.reference(inputs)) < TOLERANCE["bfloat16"]

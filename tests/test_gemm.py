@@ -181,3 +181,22 @@ def test_linear_entry_point_matches_torch():
     assert rel_err(out, ref) < TOLERANCE["bfloat16"]
     small = gemm.linear(x[:, :2], weight)  # 4 rows: torch (gemv's territory)
     assert torch.equal(small, torch.nn.functional.linear(x[:, :2], weight))
+
+
+def test_real_prefill_rows_from_the_bundled_table():
+    # The bundled Qwen2.5-0.5B trace: prefill linears (m = 512) are gemm's; decode ones (m = 4) gemv's.
+    from pathlib import Path
+
+    from tuner import shapetable
+
+    table = shapetable.read(Path(__file__).resolve().parent.parent / "shapes" / "examples" / "qwen25_05b_b4_decode.parquet")
+    gemm_rows = table[table["family"] == "gemm"]
+    shapes = [s for s in (gemm.shape_from_row(row) for _, row in gemm_rows.iterrows()) if s]
+    # m > 8 in bf16 / fp16 (the fp32 rotary-embedding bmm rows stay with torch)
+    wanted = (gemm_rows["m"] > 8) & gemm_rows["dtype"].isin(list(gemm.DTYPES))
+    assert shapes and len(shapes) == int(wanted.sum())
+    assert all(s["m"] > 8 and s["layout"] in gemm.LAYOUTS for s in shapes)
+    assert {"m": 512, "n": 4864, "k": 896, "dtype": "bfloat16", "layout": "NT"} in shapes
+    for shape in shapes:
+        for backend in ("cuda", "hip", "dcu"):
+            assert space_for("gemm", backend).allows(gemm.default_config(shape, backend), shape)
