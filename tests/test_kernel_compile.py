@@ -10,6 +10,7 @@ triton.language under TRITON_INTERPRET=1 (other test modules set it); all jobs o
 target go through one call, made once per session.
 """
 
+import functools
 import json
 import random
 
@@ -40,6 +41,7 @@ TMA = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1
        "num_stages": 4, "TMA": 1}
 
 
+@functools.lru_cache(maxsize=None)
 def sampled_jobs(family: str, backend: str) -> list[tuple[dict, dict]]:
     space = space_for(family, backend)
     rng = random.Random(0)
