@@ -28,6 +28,7 @@ from kernels import KernelFamily, format_shape_key
 
 MAX_M = 8
 KERNEL_PARAMS = ("ROWS_PER_BLOCK", "BLOCK_K", "SPLIT_K")
+OPTIONAL_PARAMS = ("USE_DOT",)  # 0 (default): elementwise FMA + row sums; 1: tl.dot variant
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 HIP_OPTIONS = ("waves_per_eu",)
 REDUCE_BLOCK_N = 1024
@@ -125,6 +126,47 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, N, K, k_per_split,
 
 
 @triton.jit
+def _gemv_dot_kernel(x_ptr, w_ptr, out_ptr, part_ptr, N, K, k_per_split,
+                     stride_xm, stride_wn, stride_om,
+                     M: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, STATIC_KPS: tl.constexpr = 0):
+    """USE_DOT=1 variant: x padded to 16 rows (masked) times the W tile with tl.dot (tensor
+    cores / MFMA, fp32 accumulation). Its W loads feed a dot, so Triton's software pipeliner
+    (num_stages) overlaps the next tiles' loads with this one's math. ROWS_PER_BLOCK >= 16."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * ROWS_PER_BLOCK + tl.arange(0, ROWS_PER_BLOCK)
+    n_mask = rows < N
+    rows_safe = tl.minimum(rows, N - 1)
+    offs = tl.arange(0, BLOCK_K)
+    offs_m = tl.arange(0, 16)
+    m_mask = offs_m[:, None] < M
+    k_start = pid_k * k_per_split
+    w_rows = w_ptr + rows_safe.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + offs_m[:, None] * stride_xm
+    acc = tl.zeros([16, ROWS_PER_BLOCK], dtype=tl.float32)
+    for k0 in range(0, k_per_split if STATIC_KPS == 0 else STATIC_KPS, BLOCK_K):
+        offs_k = k_start + k0 + offs
+        if EVEN_K:
+            w = tl.load(w_rows + offs_k[None, :], eviction_policy="evict_first")
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask, other=0.0)
+        else:
+            k_ok = offs_k[None, :] < K
+            w = tl.load(w_rows + offs_k[None, :], mask=k_ok, other=0.0,
+                        eviction_policy="evict_first")
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask & k_ok, other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+    if SPLIT_K == 1:
+        base = out_ptr
+        stride = stride_om
+    else:
+        base = part_ptr + pid_k * M * N
+        stride = N
+    ptrs = base + offs_m[:, None] * stride + rows[None, :]
+    tl.store(ptrs, acc.to(base.dtype.element_ty), mask=m_mask & n_mask[None, :])
+
+
+@triton.jit
 def _splitk_reduce_kernel(part_ptr, out_ptr, N, stride_om,
                           M: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr):
     """out[m, n] = sum over s = 0..SPLIT_K-1 of part[s, m, n], always in that order."""
@@ -154,7 +196,7 @@ def k_per_split(k: int, block_k: int, split_k: int) -> int:
 
 def check_config(config: dict) -> None:
     """Raise ValueError for missing or unknown keys (a config from the wrong space, a typo)."""
-    allowed = set(KERNEL_PARAMS) | set(LAUNCH_OPTIONS) | set(HIP_OPTIONS)
+    allowed = set(KERNEL_PARAMS) | set(OPTIONAL_PARAMS) | set(LAUNCH_OPTIONS) | set(HIP_OPTIONS)
     unknown = set(config) - allowed
     if unknown:
         raise ValueError(f"gemv config has unknown keys: {', '.join(sorted(unknown))}")
@@ -167,6 +209,9 @@ def check_config(config: dict) -> None:
             raise ValueError(f"gemv {p} must be a power of two, got {v}")
     if int(config["SPLIT_K"]) < 1:
         raise ValueError("gemv SPLIT_K must be >= 1")
+    if int(config.get("USE_DOT", 0)) and (int(config["ROWS_PER_BLOCK"]) < 16
+                                          or int(config["BLOCK_K"]) < 16):
+        raise ValueError("gemv USE_DOT=1 needs ROWS_PER_BLOCK >= 16 and BLOCK_K >= 16")
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config: dict, out: torch.Tensor | None = None,
@@ -205,7 +250,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: dict, out: torch.Tensor 
     if split_k > 1:
         part = torch.empty((split_k, m, n), device=x.device, dtype=torch.float32)
     grid = (_cdiv(n, rows), split_k)
-    _gemv_kernel[grid](x, weight, out, part, n, k, kps, x.stride(0), weight.stride(0),
+    kernel = _gemv_dot_kernel if int(config.get("USE_DOT", 0)) else _gemv_kernel
+    kernel[grid](x, weight, out, part, n, k, kps, x.stride(0), weight.stride(0),
                        out.stride(0), M=m, ROWS_PER_BLOCK=rows, BLOCK_K=block_k,
                        SPLIT_K=split_k, EVEN_K=even_k,
                        STATIC_KPS=kps if _interpreting() else 0, **options)
@@ -275,7 +321,7 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
             split_k *= 2
     # num_stages 1: Triton does not pipeline this loop (no tl.dot), see search_spaces/gemv.yaml
     config = {"ROWS_PER_BLOCK": rows, "BLOCK_K": block_k, "SPLIT_K": split_k,
-              "num_warps": num_warps, "num_stages": 1}
+              "num_warps": num_warps, "USE_DOT": 0, "num_stages": 1}
     if backend in ("hip", "dcu"):
         config["waves_per_eu"] = 0
     return config
@@ -419,7 +465,7 @@ def compile_config(config: dict, shape: dict, target) -> dict:
                   "EVEN_K": kps * split_k == k, "STATIC_KPS": 0}
     for name in constexprs:
         signature[name] = "constexpr"
-    kernel = _gemv_kernel
+    kernel = _gemv_dot_kernel if int(config.get("USE_DOT", 0)) else _gemv_kernel
     names = kernel.arg_names
     attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("x_ptr", "w_ptr", "out_ptr",
                                                                     "part_ptr")}

@@ -140,7 +140,9 @@ def test_gpu_gemv_matches_reference_and_is_deterministic():
         shape = {"m": m, "n": n, "k": k, "dtype": "bfloat16"}
         checker = parity.Checker(fam, shape, reference="default")
         for config in [fam.default_config(shape, backend),
-                       {"ROWS_PER_BLOCK": 2, "BLOCK_K": 256, "SPLIT_K": 4, "num_warps": 4}]:
+                       {"ROWS_PER_BLOCK": 2, "BLOCK_K": 256, "SPLIT_K": 4, "num_warps": 4},
+                       {"ROWS_PER_BLOCK": 32, "BLOCK_K": 128, "SPLIT_K": 2, "num_warps": 4,
+                        "USE_DOT": 1, "num_stages": 3}]:  # bf16 tl.dot: GPU-only check
             if backend != "cuda":
                 config = {**config, "waves_per_eu": 0}
             first = checker.check(config, "tolerance")

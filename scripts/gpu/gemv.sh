@@ -109,11 +109,18 @@ STEPS = {"ROWS_PER_BLOCK": (0.5, 2), "BLOCK_K": (0.5, 2), "num_warps": (0.5, 2),
 
 def neighbours(c, allowed):
     out = []
-    for key, factors in STEPS.items():
+    steps = dict(STEPS, num_stages=(0.5, 2)) if c.get("USE_DOT") else STEPS
+    for key, factors in steps.items():
         for f in factors:
             v = int(c[key] * f)
             cand = {**c, key: v}
             if v >= 1 and cand in allowed and cand not in out:
+                out.append(cand)
+    if not c.get("USE_DOT"):  # also try the pipelined tl.dot variant from two starting points
+        for rows, block_k, stages in ((32, 256, 3), (64, 128, 4)):
+            cand = {**c, "USE_DOT": 1, "ROWS_PER_BLOCK": rows, "BLOCK_K": block_k,
+                    "num_warps": 4, "num_stages": stages}
+            if cand in allowed and cand not in out:
                 out.append(cand)
     return out
 
