@@ -454,4 +454,6 @@ def test_bundled_live_example_matches_the_model():
     assert by_shape[(4, 896, 4864)] == 24      # down
     assert by_shape[(4, 151936, 896)] == 1     # tied lm_head
     assert set(table.steps[table.phase == "decode"]) == {7}
-    assert set(table.m[(table.phase == "prefill") & (table.op == "aten::mm")]) == {512}
+    prefill_mm = table[(table.phase == "prefill") & (table.op == "aten::mm")]
+    assert set(prefill_mm.m[prefill_mm.n != 151936]) == {512}   # 4 sequences x 128 prompt tokens
+    assert set(prefill_mm.m[prefill_mm.n == 151936]) == {4}     # logits of the last token only
