@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from kernels import KernelFamily, format_shape_key
+from tuner import runtime
 from kernels.gemm import DTYPES, KernelCall, _get, fix_interpreter, launch_options, tensor_backend
 
 LOG2E = 1.4426950408889634
@@ -316,9 +317,9 @@ def shape_key(shape: dict) -> str:
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Serving entry point: q [batch, heads, head_dim] (or [batch, heads, 1, head_dim]) over the
-    cache k / v [batch, kv_heads, kv_len, head_dim]; the config comes from tuner.runtime (exported,
-    else the default). Returns out shaped like q. Falls back to torch's SDPA for other dtypes or a
-    CPU tensor outside the interpreter."""
+    cache k / v [batch, kv_heads, kv_len, head_dim]; the config comes from tuner.runtime (exported
+    for this shape or the nearest kv_len). Returns out shaped like q. A shape with no exported
+    entry, other dtypes or a CPU tensor outside the interpreter run torch's SDPA."""
     squeeze = q.dim() == 4
     q3 = q.squeeze(2) if squeeze else q
     name = str(q.dtype).removeprefix("torch.")
@@ -328,12 +329,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
         return out.unsqueeze(2) if squeeze else out
     shape = {"batch": int(q3.shape[0]), "heads": int(q3.shape[1]), "kv_heads": int(k.shape[1]),
              "kv_len": int(k.shape[2]), "head_dim": int(q3.shape[2]), "dtype": name}
-    try:
-        from tuner.runtime import config_for
-
-        config = config_for("attention", shape)
-    except ImportError:
-        config = default_config(shape, "hip" if torch.version.hip else "cuda")
+    config = runtime.lookup("attention", shape)
+    if config is None:
+        out = baseline({"q": q3, "k": k, "v": v})
+        return out.unsqueeze(2) if squeeze else out
     out = launch({"q": q3, "k": k, "v": v}, config)
     return out.unsqueeze(2) if squeeze else out
 

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from kernels import KernelFamily, format_shape_key
+from tuner import runtime
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 LAYOUTS = ("NN", "NT", "TN", "TT")
@@ -640,9 +641,9 @@ def _compile_worker() -> None:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Drop-in for torch.nn.functional.linear on prefill-sized inputs: x[..., k] with more than 8
-    rows runs the tiled GEMM (layout NT) with the config from tuner.runtime (exported, nearest m,
-    else the default); fewer rows (kernels.gemv's territory), other dtypes or a CPU tensor
-    outside the interpreter fall back to torch."""
+    rows runs the tiled GEMM (layout NT) with the exported config from tuner.runtime (exact or
+    nearest m); a shape with no exported entry, fewer rows (kernels.gemv's territory), other
+    dtypes or a CPU tensor outside the interpreter run torch's linear."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     name = str(x.dtype).removeprefix("torch.")
@@ -650,19 +651,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if rows <= 8 or weight.dim() != 2 or weight.dtype != x.dtype or name not in DTYPES or on_cpu:
         return torch.nn.functional.linear(x, weight, bias)
     shape = {"m": rows, "n": int(weight.shape[0]), "k": int(k), "dtype": name, "layout": "NT"}
+    config = runtime.lookup("gemm", shape)
+    if config is None:
+        return torch.nn.functional.linear(x, weight, bias)
     a = x.reshape(rows, k)
-    out = launch({"a": a if a.stride(-1) == 1 else a.contiguous(), "b": weight.t()}, _config_for(shape))
+    out = launch({"a": a if a.stride(-1) == 1 else a.contiguous(), "b": weight.t()}, config)
     if bias is not None:
         out += bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
-
-
-def _config_for(shape: dict) -> dict:
-    try:
-        from tuner.runtime import config_for
-    except ImportError:
-        return default_config(shape, "hip" if torch.version.hip else "cuda")
-    return config_for("gemm", shape)
 
 
 FAMILY = KernelFamily(

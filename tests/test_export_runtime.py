@@ -262,3 +262,35 @@ def test_linear_uses_the_export_under_the_interpreter(loader):
     ref = GEMV.reference(inputs)
     assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2)
     assert runtime.hit_counts() == {"gemv": {"m=2,n=40,k=64,dtype=bfloat16": 1}}
+
+
+def test_lookup_misses_are_none_so_serving_runs_the_baseline(loader):
+    """A shape with no exported entry has no evidence that any Triton config beats torch: the
+    serving entry points get None and run the baseline path (not the untuned default config)."""
+    export.export(verdicts(ENTRIES), out_root=loader)
+    other = {"m": 4, "n": 1024, "k": 896, "dtype": "bfloat16"}
+    assert runtime.lookup("gemv", other) is None
+    assert runtime.lookup("gemv", {"m": 2, "n": 896, "k": 896, "dtype": "bfloat16"}) == \
+        tuned({"m": 1, "n": 896, "k": 896, "dtype": "bfloat16"}, 2)
+    assert runtime.miss_counts()["gemv"] == {"m=4,n=1024,k=896,dtype=bfloat16": 1}
+    assert runtime.lookup("gemm", {"m": 512, "n": 896, "k": 896, "dtype": "bfloat16",
+                                   "layout": "NT"}) is None  # no gemm export at all
+
+
+def test_serving_entry_points_run_torch_on_a_miss(loader):
+    import torch
+
+    from kernels import attention, gemm
+
+    export.export(verdicts(ENTRIES), out_root=loader)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(17, 40, generator=g).to(torch.bfloat16)
+    w = torch.randn(33, 40, generator=g).to(torch.bfloat16)
+    assert torch.equal(gemm.linear(x, w), torch.nn.functional.linear(x, w))
+    q = torch.randn(2, 8, 64, generator=g).to(torch.bfloat16)
+    k = torch.randn(2, 2, 70, 64, generator=g).to(torch.bfloat16)
+    v = torch.randn(2, 2, 70, 64, generator=g).to(torch.bfloat16)
+    assert torch.equal(attention.decode_attention(q, k, v), attention.baseline({"q": q, "k": k, "v": v}))
+    misses = runtime.miss_counts()
+    assert misses["gemm"] == {"m=17,n=33,k=40,dtype=bfloat16,layout=NT": 1}
+    assert len(misses["attention"]) == 1

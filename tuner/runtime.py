@@ -1,18 +1,25 @@
 """The runtime loader: exported configs for a serving build (docs/interfaces.md "Runtime loader").
 
 Serving code calls a family's entry point, e.g. ``kernels.gemv.linear(x, weight)``, which asks
-``config_for("gemv", shape)`` for the config to launch with. The answer is:
+``lookup("gemv", shape)`` for the config to launch with. The answer is:
 
 1. the exported config for exactly this shape, else
-2. the exported config of the nearest ``m`` with the same other keys (n, k, dtype, ...), else
-3. the family's default config.
+2. the exported config of the nearest ``m`` (``kv_len`` for attention) with the same other keys
+   (n, k, dtype, ...), else
+3. ``None``: no measurement says a Triton config beats the path serving uses today, so the entry
+   point runs that path (torch's linear / matmul / SDPA). On the H200 the families' untuned
+   default configs were slower than torch on several decode shapes (BENCHMARKS.md), so falling back
+   to a default Triton config would lose time the export never promised to save.
+
+``config_for(family, shape)`` is the same lookup with the family's default config instead of
+``None``, for callers that always launch the Triton kernel (benchmarks, tests).
 
 The export (``<family>.json`` written by ``tuner export``) is read once per family from
 ``$TUNER_EXPORT_DIR`` or ``artifacts/export/<current device key>/``. A file whose device name,
 arch, Triton version or kernel source hash does not match this process is refused: one warning,
-then default configs. Every answer served from an exported entry counts as a hit of that entry
-(``hit_counts()``), so a user can prove that the tuned path actually ran; answers that fell back
-to the default count in ``miss_counts()``.
+then every shape is a miss. Every answer served from an exported entry counts as a hit of that
+entry (``hit_counts()``), so a user can prove that the tuned path actually ran; misses are
+counted in ``miss_counts()``.
 
 After the first call for a shape the lookup is one dict access plus a counter increment. The
 returned dict is shared: do not modify it. Importing this module needs no GPU (nor triton).
@@ -197,16 +204,17 @@ def load_family(family: str) -> LoadedExport:
         shape = entry["shape"]
         config = dict(entry["config"])
         loaded.entries[shape_tuple(shape)] = (key, config)
-        if "m" in shape:
-            rest = shape_tuple({k: v for k, v in shape.items() if k != "m"})
-            loaded.by_rest.setdefault(rest, []).append((int(shape["m"]), key, config))
+        vary = next((k for k in NEAREST_KEYS if k in shape), None)
+        if vary is not None:
+            rest = shape_tuple({k: v for k, v in shape.items() if k != vary})
+            loaded.by_rest.setdefault(rest, []).append((int(shape[vary]), key, config))
     for items in loaded.by_rest.values():
         items.sort(key=lambda item: item[0])
     return loaded
 
 
 _LOADED: dict[str, LoadedExport] = {}
-_CACHE: dict[tuple, tuple[dict, str | None]] = {}  # (family, raw shape items) -> (config, entry key)
+_CACHE: dict[tuple, tuple[dict | None, str | None]] = {}  # (family, raw shape items) -> (config, entry key)
 _HITS: dict[str, dict[str, int]] = {}
 _MISSES: dict[str, dict[tuple, int]] = {}
 
@@ -217,31 +225,34 @@ def _loaded(family: str) -> LoadedExport:
         loaded = load_family(family)
         _LOADED[family] = loaded
         if loaded.status != "loaded":  # refused, missing, unreadable, no-device: one warning
-            warn(f"{loaded.detail}; using default {family} configs")
+            warn(f"{loaded.detail}; {family} calls run the untuned path")
     return loaded
 
 
-def resolve(family: str, shape: dict) -> tuple[dict, str | None]:
-    """(config, entry key or None for the default) without counting. Exact, nearest m, default."""
+NEAREST_KEYS = ("m", "kv_len")  # the dimension that varies call to call, per family
+
+
+def resolve(family: str, shape: dict) -> tuple[dict | None, str | None]:
+    """(config, entry key), or (None, None) on a miss, without counting. Exact, then nearest."""
     loaded = _loaded(family)
     wanted = shape_tuple(shape)
     hit = loaded.entries.get(wanted)
     if hit is not None:
         return hit[1], hit[0]
-    if "m" in shape:
-        rest = tuple(item for item in wanted if item[0] != "m")
+    vary = next((k for k in NEAREST_KEYS if k in shape), None)
+    if vary is not None:
+        rest = tuple(item for item in wanted if item[0] != vary)
         candidates = loaded.by_rest.get(rest)
         if candidates:
-            m = int(shape["m"])
-            # nearest m; on a tie the smaller m (its tiles fit the smaller problem)
-            _, key, config = min(candidates, key=lambda item: (abs(item[0] - m), item[0]))
+            value = int(shape[vary])
+            # nearest value; on a tie the smaller one (its tiles fit the smaller problem)
+            _, key, config = min(candidates, key=lambda item: (abs(item[0] - value), item[0]))
             return config, key
-    normalized = {k: normalize_value(v) for k, v in shape.items()}
-    return default_config(family, normalized, loaded.backend), None
+    return None, None
 
 
-def config_for(family: str, shape: dict) -> dict:
-    """The config to launch `family` with for `shape` (see the module docstring)."""
+def lookup(family: str, shape: dict) -> dict | None:
+    """The exported config for `shape` (exact or nearest), or None: then run the baseline path."""
     cache_key = (family, tuple(shape.items()))
     found = _CACHE.get(cache_key)
     if found is None:
@@ -257,13 +268,22 @@ def config_for(family: str, shape: dict) -> dict:
     return config
 
 
+def config_for(family: str, shape: dict) -> dict:
+    """`lookup`, with the family's default config on a miss (for callers that always launch)."""
+    config = lookup(family, shape)
+    if config is None:
+        normalized = {k: normalize_value(v) for k, v in shape.items()}
+        config = default_config(family, normalized, _loaded(family).backend)
+    return config
+
+
 def hit_counts() -> dict[str, dict[str, int]]:
     """{family: {exported shape key: calls served by that entry}}."""
     return {family: dict(counts) for family, counts in _HITS.items()}
 
 
 def miss_counts() -> dict[str, dict[str, int]]:
-    """{family: {shape: calls that fell back to the default config}} (shape as 'k=v,...')."""
+    """{family: {shape: calls with no exported entry (run untuned)}} (shape as 'k=v,...')."""
     return {family: {",".join(f"{k}={normalize_value(v)}" for k, v in shape): n
                      for shape, n in counts.items()}
             for family, counts in _MISSES.items()}
