@@ -194,3 +194,21 @@ def test_timing_on_cpu_refused_without_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(TunerError):
         bench._device("cpu")
+
+
+def test_tuner_bench_cli_on_cpu(capsys):
+    from tuner.cli import main
+
+    rc = main(["bench", "--family", "gemv", "--shape", "m=2,n=37,k=100", "--dtype", "float16",
+               "--device", "cpu", "--cache", "warm", "--groups", "2", "--replays", "1",
+               "--config", "ROWS_PER_BLOCK=4,BLOCK_K=32,SPLIT_K=2", "--sweep",
+               "--max-configs", "1", "--top", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("gemv m=2,n=37,k=100,dtype=float16  cache=warm")
+    for label in ("baseline", "default", "config"):
+        row = next(line for line in lines if line.startswith(label + " "))
+        assert "failed" not in row and ("exact" in row or "tolerance" in row)
+    assert "sweep: 2 configs, 0 failed, 0 parity mismatches" in out
+    assert "distinct output hashes" in out

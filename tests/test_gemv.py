@@ -177,7 +177,7 @@ def test_cuda_space_is_small_enough_for_an_exhaustive_grid():
     space = space_for("gemv", "cuda")
     assert "waves_per_eu" not in space.params
     assert "waves_per_eu" in space_for("gemv", "hip").params
-    for m in (1, 4, 8):
-        for n, k in DECODE_SHAPES[:8]:
-            count = len(space.configs({"m": m, "n": n, "k": k}))
-            assert 10 <= count <= 600, (m, n, k, count)
+    # the largest cuda spaces are m = 1 on the small projections (measured: <= ~540)
+    for m, n, k in [(1, 1024, 4096), (1, 5120, 17408), (1, 151936, 4096), (8, 4096, 4096)]:
+        count = len(space.configs({"m": m, "n": n, "k": k}))
+        assert 10 <= count <= 600, (m, n, k, count)

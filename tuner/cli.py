@@ -141,6 +141,9 @@ def _add_bench(sub) -> None:
     p.add_argument("--device-profile", default=None, metavar="PATH",
                    help="DeviceProfile JSON for the bandwidth share (default: the saved profile "
                         "of this GPU under artifacts/devices)")
+    p.add_argument("--device", default=None,
+                   help="torch device (default: the current GPU); 'cpu' only with "
+                        "TRITON_INTERPRET=1, to check the command, not to time anything")
     p.set_defaults(func=cmd_bench)
 
 
@@ -153,22 +156,24 @@ def cmd_bench(args) -> int:
     family = kernels.get_family(args.family)
     shape = bench.parse_shape(args.shape, args.dtype)
     configs = [bench.parse_config(text) for text in args.config]
+    dev = bench._device(args.device)  # NoGPUError (one line, exit 2) before anything else
+    options = {} if dev.type == "cuda" else {"target_graph_us": 1.0, "min_calls": 1}
     if args.device_profile:
         profile = device.load_profile(args.device_profile)
     else:
-        device.detect()  # NoGPUError (one line, exit 2) before anything else
-        profile = device.find_saved_profile()
+        profile = device.find_saved_profile() if dev.type == "cuda" else None
         if profile is None:
             warn("no measured profile for this GPU: run `tuner device` for the bandwidth share")
-    sets = bench.make_input_sets(family, shape, args.cache)
-    checker = parity.Checker(family, shape, reference="default")
+    sets = bench.make_input_sets(family, shape, args.cache, dev)
+    checker = parity.Checker(family, shape, reference="default", device=dev)
     print(f"{family.name} {family.shape_key(shape)}  cache={args.cache}  "
-          f"input sets={len(sets)}  backend={bench.backend_name()}  "
+          f"input sets={len(sets)}  backend={bench.backend_name(dev)}  "
           f"bytes={family.bytes_moved(shape)}")
     if profile is not None:
         print(f"profile: {profile.name}, read bandwidth "
               f"{profile.read_bandwidth_bytes_per_s / 1e12:.3f} TB/s ({profile.source})")
-    timing = {"cache": args.cache, "groups": args.groups, "replays": args.replays}
+    timing = {"cache": args.cache, "groups": args.groups, "replays": args.replays,
+              "device": dev, **options}
     rows = [bench.bench_one(family, shape, "baseline", "baseline", checker=checker,
                             input_sets=sets, profile=profile, **timing),
             bench.bench_one(family, shape, "default", "default", checker=checker,
@@ -180,7 +185,8 @@ def cmd_bench(args) -> int:
     print(bench.format_rows(rows))
     if args.sweep:
         swept = bench.sweep(family, shape, checker=checker, input_sets=sets, cache=args.cache,
-                            profile=profile, max_configs=args.max_configs)
+                            profile=profile, max_configs=args.max_configs, device=dev,
+                            **options)
         ok = sorted((r for r in swept if not r.failure and r.parity != "mismatch"),
                     key=lambda r: r.median_us)
         hashes = {r.output_hash for r in swept if r.output_hash}

@@ -13,7 +13,7 @@ OUT="${OUT:-artifacts/gpu}"
 mkdir -p "$OUT"
 LOG="$OUT/gemv.log"
 export PYTHONPATH="${PYTHONPATH:-$PWD}"
-TABLE_BUDGET_S="${TABLE_BUDGET_S:-270}"
+TABLE_BUDGET_S="${TABLE_BUDGET_S:-250}"
 
 {
 echo "=== gemv.sh  $(date -u +%FT%TZ)  host $(hostname)"
@@ -42,6 +42,17 @@ else
 fi
 
 echo
+echo "=== 2b. tuner bench (CLI) on one shape, with a small sweep"
+if [ "${GEMV_SMOKE:-0}" = "1" ]; then
+    timeout 120 python -m tuner.cli bench --shape m=2,n=37,k=100 --dtype float16 --device cpu \
+        --cache warm --groups 2 --replays 1 --sweep --max-configs 2 2>/dev/null || echo "tuner bench FAILED"
+else
+    timeout 90 python -m tuner.cli bench --family gemv --shape m=1,n=14336,k=5120 \
+        --config ROWS_PER_BLOCK=32,BLOCK_K=128,SPLIT_K=1,num_warps=4,USE_DOT=1,num_stages=3 \
+        --sweep --max-configs 12 --top 5 2>/dev/null || echo "tuner bench FAILED (rc $?)"
+fi
+
+echo
 echo "=== 3+4. A/A noise and the decode table (budget ${TABLE_BUDGET_S}s)"
 TABLE_BUDGET_S="$TABLE_BUDGET_S" timeout $((TABLE_BUDGET_S + 90)) python - <<'EOF'
 import math, os, sys, time, traceback
@@ -53,7 +64,7 @@ from tuner.spaces import space_for
 
 t_start = time.time()
 smoke = os.environ.get("GEMV_SMOKE") == "1"
-budget = float(os.environ.get("TABLE_BUDGET_S", "270"))
+budget = float(os.environ.get("TABLE_BUDGET_S", "250"))
 fam = get_family("gemv")
 dev = "cpu" if smoke else None
 timer_opts = dict(device="cpu", target_graph_us=1.0, min_calls=1) if smoke else {}
