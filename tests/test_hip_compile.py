@@ -10,7 +10,7 @@ objects that cannot be compiled.
 
 The default run compiles a representative subset (every k-th config of each space, plus the
 configs with the largest register estimate, for m = 1 and m = 8 and a ragged shape). The whole hip
-space (about 750 + 270 configs for m = 1 / m = 8, ~0.4-0.9 s each) is `slow`: run it with
+space (about 1440 + 950 + 180 configs for the three shapes, ~0.3-0.9 s each) is `slow`: run it with
 TUNER_RUN_SLOW=1. Upstream Triton does not know Hygon's gfx926/928/936/938, so the dcu space is
 compiled for gfx90a (CDNA2, wave64, 64 KiB LDS) as a proxy.
 """
@@ -120,7 +120,7 @@ def test_dcu_space_sample_compiles_for_gfx90a_proxy(record_property):
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("TUNER_RUN_SLOW") != "1",
-                    reason="whole hip space: ~10-20 minutes of compiles; set TUNER_RUN_SLOW=1")
+                    reason="whole hip space: ~15-30 minutes of compiles; set TUNER_RUN_SLOW=1")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: gemv.FAMILY.shape_key(s))
 def test_whole_hip_space_compiles_for_gfx942(shape, record_property):
     _check_all_fit(GFX942, space_for("gemv", "hip").configs(shape), shape, record_property)

@@ -45,11 +45,11 @@ echo
 echo "=== 2b. tuner bench (CLI) on one shape, with a small sweep"
 if [ "${GEMV_SMOKE:-0}" = "1" ]; then
     timeout 120 python -m tuner.cli bench --shape m=2,n=37,k=100 --dtype float16 --device cpu \
-        --cache warm --groups 2 --replays 1 --sweep --max-configs 2 2>/dev/null || echo "tuner bench FAILED"
+        --cache warm --groups 2 --replays 1 --sweep --max-configs 2 || echo "tuner bench FAILED"
 else
     timeout 90 python -m tuner.cli bench --family gemv --shape m=1,n=14336,k=5120 \
         --config ROWS_PER_BLOCK=32,BLOCK_K=128,SPLIT_K=1,num_warps=4,USE_DOT=1,num_stages=3 \
-        --sweep --max-configs 12 --top 5 2>/dev/null || echo "tuner bench FAILED (rc $?)"
+        --sweep --max-configs 12 --top 5 || echo "tuner bench FAILED (rc $?)"
 fi
 
 echo
