@@ -119,9 +119,11 @@ def test_gpu_measure_profile(tmp_path):
     _compiled_kernels_or_skip()
     profile = device.measure(buffer_bytes=2 << 30, matmul_size=8192)
     notes = profile.notes["read_bandwidth"]
-    # both read methods stream the same buffer: they should agree within 30%
+    # the streaming Triton read is the measurement; torch.sum is only a floor (measured on the
+    # H200: 4.28-4.58 TB/s streaming against 0.75 TB/s for torch's int32 -> int64 sum)
     a, b = notes["triton_stream_bytes_per_s"], notes["torch_sum_bytes_per_s"]
-    assert 0.7 < a / b < 1.43
+    assert a >= 0.9 * b
+    assert profile.read_bandwidth_bytes_per_s == max(a, b)
     assert 1e11 < profile.read_bandwidth_bytes_per_s < 2e13
     assert 1e13 < profile.bf16_matmul_flops_per_s < 1e16
     assert profile.l2_bytes > 0 and profile.multiprocessors > 0

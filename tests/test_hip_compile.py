@@ -99,14 +99,20 @@ def test_cuda_space_sample_compiles_for_sm90(shape, record_property):
 
 
 def test_default_configs_load_w_with_wide_vectors(record_property):
-    """The W tile loads compile to 16-byte vector loads (ld.global.v4 / global_load_dwordx4)."""
-    shape = SHAPES[1]
+    """The FMA variant's W tile loads compile to 16-byte vector loads (ld.global.v4 /
+    global_load_dwordx4); the dot variant's pipelined loads go through cp.async on sm90."""
+    shape = {"m": 1, "n": 14336, "k": 4096, "dtype": "bfloat16"}
     (cuda,) = _check_all_fit(SM90, [gemv.default_config(shape, "cuda", 132)], shape,
                              record_property)
     assert cuda["wide_loads"] > 0
     (hip,) = _check_all_fit(GFX942, [gemv.default_config(shape, "hip", 304)], shape,
                             record_property)
     assert hip["wide_loads"] > 0
+    m4 = {**shape, "m": 4}
+    dot = gemv.default_config(m4, "cuda", 132)
+    assert dot["USE_DOT"] == 1
+    (res,) = gemv.compile_configs([(dot, m4)], SM90, with_asm=True)
+    assert "cp.async" in res["asm"] and "mma" in res["asm"]
 
 
 def test_dcu_space_sample_compiles_for_gfx90a_proxy(record_property):

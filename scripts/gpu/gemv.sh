@@ -115,7 +115,8 @@ for s in aa_shapes:
 # ---- 4. decode table
 # The quick sweep is a budgeted hill climb from the default config over the shape's search space:
 # time every untried neighbour (ROWS_PER_BLOCK, BLOCK_K, num_warps, SPLIT_K halved or doubled),
-# move to the best, repeat until nothing improves or the case's time is spent.
+# move to the best, repeat until nothing improves; then random configs of the space until the
+# case's share of the budget is spent.
 STEPS = {"ROWS_PER_BLOCK": (0.5, 2), "BLOCK_K": (0.5, 2), "num_warps": (0.5, 2), "SPLIT_K": (0.5, 2)}
 
 def neighbours(c, allowed):
@@ -177,6 +178,20 @@ for ci, (m, n, k) in enumerate(cases):
                     current = step_best
                 break
             current = step_best
+        # the rest of the case's time: a seeded random sample of the rest of the space
+        import random
+        rng = random.Random(ci)
+        for c in rng.sample(allowed, len(allowed)):
+            if time.time() - t_case > 0.6 * case_budget or (smoke and len(swept) >= 3):
+                break
+            if c in tried:
+                continue
+            tried.append(c)
+            row = bench.bench_one(fam, s, "sweep", c, checker=checker, input_sets=sets,
+                                  cache="cold", profile=profile, **SWEEP_G, **timer_opts)
+            swept.append(row)
+            if row.output_hash:
+                hashes.add(row.output_hash)
         good = sorted((x for x in swept + [default] if not x.failure and x.parity != "mismatch"),
                       key=lambda x: x.median_us)
         r.update(swept=len(swept), of=len(allowed), hashes=len(hashes | {default.output_hash}),
