@@ -128,12 +128,19 @@ def neighbours(c, allowed):
             cand = {**c, key: v}
             if v >= 1 and cand in allowed and cand not in out:
                 out.append(cand)
-    if not c.get("USE_DOT"):  # also try the pipelined tl.dot variant from two starting points
-        for rows, block_k, stages in ((32, 256, 3), (64, 128, 4)):
-            cand = {**c, "USE_DOT": 1, "ROWS_PER_BLOCK": rows, "BLOCK_K": block_k,
-                    "num_warps": 4, "num_stages": stages}
-            if cand in allowed and cand not in out:
-                out.append(cand)
+    seeds = []
+    if not c.get("USE_DOT"):  # also try the pipelined tl.dot variant from three starting points
+        for rows, block_k, stages in ((32, 128, 4), (32, 256, 3), (64, 128, 4)):
+            seeds.append({**c, "USE_DOT": 1, "ROWS_PER_BLOCK": rows, "BLOCK_K": block_k,
+                          "num_warps": 4, "num_stages": stages})
+    # FMA starting points that won somewhere in the first H200 run (one row and a long BLOCK_K:
+    # many programs, all of a row's loads in flight at once)
+    for rows, block_k, warps in ((1, 1024, 4), (1, 2048, 4), (1, 4096, 4), (4, 512, 8)):
+        seeds.append({**c, "USE_DOT": 0, "ROWS_PER_BLOCK": rows, "BLOCK_K": block_k,
+                      "num_warps": warps, "num_stages": 1})
+    for cand in seeds:
+        if cand in allowed and cand not in out:
+            out.append(cand)
     return out
 
 cases = [(m, n, k) for m in MS for (n, k) in NK]
