@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels import KernelFamily, format_shape_key
+from tuner import runtime
 
 MAX_M = 8
 KERNEL_PARAMS = ("ROWS_PER_BLOCK", "BLOCK_K", "SPLIT_K")
@@ -395,8 +396,8 @@ def shape_key(shape: dict) -> str:
 # ------------------------------------------------------------------------ serving entry point
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Drop-in for torch.nn.functional.linear on decode batches: x[..., k] with at most 8 rows
-    runs the tuned GEMV (config from tuner.runtime, else the default); anything else falls back
-    to torch."""
+    runs the GEMV with the exported config from tuner.runtime (exact shape or nearest m); a
+    shape with no exported entry, and anything else, runs torch's linear."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     if (not 1 <= rows <= MAX_M or weight.dim() != 2 or weight.dtype != x.dtype
@@ -404,7 +405,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return torch.nn.functional.linear(x, weight, bias)
     shape = {"m": rows, "n": int(weight.shape[0]), "k": int(k),
              "dtype": str(x.dtype).removeprefix("torch.")}
-    config = _config_for(shape)
+    config = runtime.lookup("gemv", shape)
+    if config is None:
+        return torch.nn.functional.linear(x, weight, bias)
     out = gemv(x.reshape(rows, k), weight, config)
     if bias is not None:
         out += bias
@@ -415,18 +418,6 @@ def _interpreting() -> bool:
     import os
 
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _backend_name() -> str:
-    return "hip" if _is_hip() else "cuda"
-
-
-def _config_for(shape: dict) -> dict:
-    try:
-        from tuner.runtime import config_for
-    except ImportError:
-        return default_config(shape, _backend_name())
-    return config_for("gemv", shape)
 
 
 FAMILY = KernelFamily(

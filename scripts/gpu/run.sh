@@ -89,13 +89,13 @@ for x, w, b in calls:  # one eager decode step through the serving entry point
 hits, misses = runtime.hit_counts().get("gemv", {}), runtime.miss_counts().get("gemv", {})
 print(f"loader: {runtime.status()}")
 print(f"hits {hits}")
-print(f"misses (default config) {misses}")
+print(f"misses (torch path) {misses}")
 print(f"worst relative error against fp32 over the step: {worst:.2e}")
 not_hit = sorted(set(doc["configs"]) - set(hits))
 exported_hit = len(doc["configs"]) - len(not_hit)
 verdict = "OK" if doc["configs"] and not not_hit else ("NO EXPORT" if not doc["configs"] else "MISSED")
 print(f"LOADER CHECK {verdict}: {exported_hit}/{len(doc['configs'])} exported entries hit, "
-      f"{sum(hits.values())} calls tuned, {sum(misses.values())} on the default config"
+      f"{sum(hits.values())} calls tuned, {sum(misses.values())} on the torch path (no exported entry)"
       + (f"; never hit: {not_hit}" if not_hit else ""))
 
 if gpu:  # one decode step's linears, CUDA-graph captured: torch vs the tuned path
