@@ -385,7 +385,9 @@ def test_live_profiles_a_callable(capsys, tmp_path):
 def test_watch_harvests_new_files_and_stops_on_ctrl_c(tmp_path):
     d, out = tmp_path / "traces", tmp_path / "merged.parquet"
     d.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # keep the caller's PYTHONPATH (on the GPU machine ijson and optuna come from there)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
     proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "harvest", "--watch", str(d),
                              "-o", str(out), "--interval", "0.2"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -399,8 +401,9 @@ def test_watch_harvests_new_files_and_stops_on_ctrl_c(tmp_path):
             assert not out.exists()
             f.write(data[5000:])
         deadline = time.time() + 30
-        while not out.exists() and time.time() < deadline:
+        while not out.exists() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.1)
+        assert proc.poll() is None, f"tuner harvest --watch ended early: {proc.communicate()[1]}"
         assert shapetable.read(out).steps.max() == 3
         shutil.copy(CPU_TRACE, d / "w-rank-1.pt.trace.json.gz")   # another rank: skipped
         shutil.copy(CPU_TRACE, d / "w2.pt.trace.json.gz")
