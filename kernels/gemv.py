@@ -38,10 +38,11 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # --------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, N, K, k_per_split,
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, N, K, k_per_split,
                  stride_xm, stride_wn, stride_om,
                  M: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, STATIC_KPS: tl.constexpr = 0):
+                 SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 STATIC_KPS: tl.constexpr = 0):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * ROWS_PER_BLOCK + tl.arange(0, ROWS_PER_BLOCK)
@@ -107,30 +108,35 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, N, K, k_per_split,
     else:
         base = part_ptr + pid_k * M * N  # fp32 workspace [SPLIT_K, M, N]
         stride = N
+    # the bias joins in the epilogue (fp32, before the cast); with split-K the reduce adds it
+    bias = tl.zeros([ROWS_PER_BLOCK], dtype=tl.float32)
+    if HAS_BIAS and SPLIT_K == 1:
+        bias = tl.load(bias_ptr + rows_safe).to(tl.float32)
     # row sums over k, cast to the destination (out dtype, or the fp32 workspace)
     ty = base.dtype.element_ty
-    tl.store(base + rows, tl.sum(acc0, axis=1).to(ty), mask=n_mask)
+    tl.store(base + rows, (tl.sum(acc0, axis=1) + bias).to(ty), mask=n_mask)
     if M > 1:
-        tl.store(base + 1 * stride + rows, tl.sum(acc1, axis=1).to(ty), mask=n_mask)
+        tl.store(base + 1 * stride + rows, (tl.sum(acc1, axis=1) + bias).to(ty), mask=n_mask)
     if M > 2:
-        tl.store(base + 2 * stride + rows, tl.sum(acc2, axis=1).to(ty), mask=n_mask)
+        tl.store(base + 2 * stride + rows, (tl.sum(acc2, axis=1) + bias).to(ty), mask=n_mask)
     if M > 3:
-        tl.store(base + 3 * stride + rows, tl.sum(acc3, axis=1).to(ty), mask=n_mask)
+        tl.store(base + 3 * stride + rows, (tl.sum(acc3, axis=1) + bias).to(ty), mask=n_mask)
     if M > 4:
-        tl.store(base + 4 * stride + rows, tl.sum(acc4, axis=1).to(ty), mask=n_mask)
+        tl.store(base + 4 * stride + rows, (tl.sum(acc4, axis=1) + bias).to(ty), mask=n_mask)
     if M > 5:
-        tl.store(base + 5 * stride + rows, tl.sum(acc5, axis=1).to(ty), mask=n_mask)
+        tl.store(base + 5 * stride + rows, (tl.sum(acc5, axis=1) + bias).to(ty), mask=n_mask)
     if M > 6:
-        tl.store(base + 6 * stride + rows, tl.sum(acc6, axis=1).to(ty), mask=n_mask)
+        tl.store(base + 6 * stride + rows, (tl.sum(acc6, axis=1) + bias).to(ty), mask=n_mask)
     if M > 7:
-        tl.store(base + 7 * stride + rows, tl.sum(acc7, axis=1).to(ty), mask=n_mask)
+        tl.store(base + 7 * stride + rows, (tl.sum(acc7, axis=1) + bias).to(ty), mask=n_mask)
 
 
 @triton.jit
-def _gemv_dot_kernel(x_ptr, w_ptr, out_ptr, part_ptr, N, K, k_per_split,
+def _gemv_dot_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, N, K, k_per_split,
                      stride_xm, stride_wn, stride_om,
                      M: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, STATIC_KPS: tl.constexpr = 0):
+                     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     STATIC_KPS: tl.constexpr = 0):
     """USE_DOT=1 variant: x padded to 16 rows (masked) times the W tile with tl.dot (tensor
     cores / MFMA, fp32 accumulation). Its W loads feed a dot, so Triton's software pipeliner
     (num_stages) overlaps the next tiles' loads with this one's math. ROWS_PER_BLOCK >= 16."""
@@ -163,14 +169,17 @@ def _gemv_dot_kernel(x_ptr, w_ptr, out_ptr, part_ptr, N, K, k_per_split,
     else:
         base = part_ptr + pid_k * M * N
         stride = N
+    if HAS_BIAS and SPLIT_K == 1:
+        acc += tl.load(bias_ptr + rows_safe).to(tl.float32)[None, :]
     ptrs = base + offs_m[:, None] * stride + rows[None, :]
     tl.store(ptrs, acc.to(base.dtype.element_ty), mask=m_mask & n_mask[None, :])
 
 
 @triton.jit
-def _splitk_reduce_kernel(part_ptr, out_ptr, N, stride_om,
-                          M: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[m, n] = sum over s = 0..SPLIT_K-1 of part[s, m, n], always in that order."""
+def _splitk_reduce_kernel(part_ptr, out_ptr, bias_ptr, N, stride_om,
+                          M: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                          HAS_BIAS: tl.constexpr):
+    """out[m, n] = sum over s = 0..SPLIT_K-1 of part[s, m, n], always in that order (+ bias)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -178,6 +187,8 @@ def _splitk_reduce_kernel(part_ptr, out_ptr, N, stride_om,
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):
         acc += tl.load(part_ptr + (s * M + pid_m) * N + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + pid_m * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -216,8 +227,9 @@ def check_config(config: dict) -> None:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config: dict, out: torch.Tensor | None = None,
-         hip: bool | None = None) -> torch.Tensor:
-    """y = x @ weight.T with the Triton kernel; x [m, k] (m <= 8), weight [n, k] contiguous in k."""
+         hip: bool | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ weight.T (+ bias, fused in the epilogue) with the Triton kernel; x [m, k] (m <= 8),
+    weight [n, k] contiguous in k, bias [n]."""
     check_config(config)
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"gemv needs x[m, k] and weight[n, k], got {tuple(x.shape)} and "
@@ -230,6 +242,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: dict, out: torch.Tensor 
         x = x.contiguous()
     if weight.stride(1) != 1:
         weight = weight.contiguous()
+    if bias is not None:
+        if bias.shape != (n,):
+            raise ValueError(f"gemv bias must be [{n}], got {tuple(bias.shape)}")
+        bias = bias.contiguous()
     if out is None:
         out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     elif out.shape != (m, n) or out.stride(1) != 1:
@@ -252,14 +268,16 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: dict, out: torch.Tensor 
         part = torch.empty((split_k, m, n), device=x.device, dtype=torch.float32)
     grid = (_cdiv(n, rows), split_k)
     kernel = _gemv_dot_kernel if int(config.get("USE_DOT", 0)) else _gemv_kernel
-    kernel[grid](x, weight, out, part, n, k, kps, x.stride(0), weight.stride(0),
+    has_bias = bias is not None
+    bias_arg = bias if has_bias else out  # never read when HAS_BIAS is False
+    kernel[grid](x, weight, out, part, bias_arg, n, k, kps, x.stride(0), weight.stride(0),
                        out.stride(0), M=m, ROWS_PER_BLOCK=rows, BLOCK_K=block_k,
-                       SPLIT_K=split_k, EVEN_K=even_k,
+                       SPLIT_K=split_k, EVEN_K=even_k, HAS_BIAS=has_bias,
                        STATIC_KPS=kps if _interpreting() else 0, **options)
     if split_k > 1:
         _splitk_reduce_kernel[(_cdiv(n, REDUCE_BLOCK_N), m)](
-            part, out, n, out.stride(0), M=m, SPLIT_K=split_k, BLOCK_N=REDUCE_BLOCK_N,
-            num_warps=4)
+            part, out, bias_arg, n, out.stride(0), M=m, SPLIT_K=split_k, BLOCK_N=REDUCE_BLOCK_N,
+            HAS_BIAS=has_bias, num_warps=4)
     return out
 
 
@@ -337,7 +355,8 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
 
 # ------------------------------------------------------------------------------------- family
 def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
-    """x[m, k] and weight[n, k] with values ~ N(0, 1) / sqrt-scaled W (never zeros)."""
+    """x[m, k] and weight[n, k] with values ~ N(0, 1) / sqrt-scaled W (never zeros); with
+    shape["bias"] also bias[n] (the addmm rows of a trace: q/k/v projections with bias)."""
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
     dtype = DTYPES[str(shape.get("dtype", "bfloat16"))]
     gen = torch.Generator(device=device)
@@ -345,19 +364,26 @@ def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
     x = torch.randn((m, k), generator=gen, device=device, dtype=torch.float32).to(dtype)
     weight = (torch.randn((n, k), generator=gen, device=device, dtype=torch.float32)
               / (k ** 0.5)).to(dtype)
-    return {"x": x, "weight": weight}
+    inputs = {"x": x, "weight": weight}
+    if shape.get("bias"):
+        inputs["bias"] = torch.randn((n,), generator=gen, device=device,
+                                     dtype=torch.float32).to(dtype)
+    return inputs
 
 
 def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
-    return gemv(inputs["x"], inputs["weight"], config, out=out)
+    return gemv(inputs["x"], inputs["weight"], config, out=out, bias=inputs.get("bias"))
 
 
 def baseline(inputs: dict) -> torch.Tensor:
-    return torch.nn.functional.linear(inputs["x"], inputs["weight"])
+    return torch.nn.functional.linear(inputs["x"], inputs["weight"], inputs.get("bias"))
 
 
 def reference(inputs: dict) -> torch.Tensor:
-    return inputs["x"].float() @ inputs["weight"].float().T
+    out = inputs["x"].float() @ inputs["weight"].float().T
+    if inputs.get("bias") is not None:
+        out = out + inputs["bias"].float()
+    return out
 
 
 def _elem_bytes(shape: dict) -> int:
@@ -366,7 +392,7 @@ def _elem_bytes(shape: dict) -> int:
 
 def bytes_moved(shape: dict) -> int:
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
-    return _elem_bytes(shape) * (n * k + m * k + m * n)
+    return _elem_bytes(shape) * (n * k + m * k + m * n + (n if shape.get("bias") else 0))
 
 
 def flops(shape: dict) -> int:
@@ -374,7 +400,8 @@ def flops(shape: dict) -> int:
 
 
 def shape_from_row(row) -> dict | None:
-    """GEMM rows of a ShapeTable with m <= 8 and batch == 1 (decode linears)."""
+    """GEMM rows of a ShapeTable with m <= 8 and batch == 1 (decode linears); an addmm row
+    (a linear with bias) gets "bias": 1, so it is measured as it is called."""
     get = row.get if hasattr(row, "get") else (lambda key, default=None: getattr(row, key, default))
     if str(get("family", "")) != "gemm":
         return None
@@ -386,11 +413,15 @@ def shape_from_row(row) -> dict | None:
     dtype = str(get("dtype", "bfloat16"))
     if not 1 <= m <= MAX_M or batch != 1 or dtype not in DTYPES or n < 1 or k < 1:
         return None
-    return {"m": m, "n": n, "k": k, "dtype": dtype}
+    shape = {"m": m, "n": n, "k": k, "dtype": dtype}
+    if str(get("op", "")).endswith("addmm"):
+        shape["bias"] = 1
+    return shape
 
 
 def shape_key(shape: dict) -> str:
-    return format_shape_key(shape, ("m", "n", "k", "dtype"))
+    return format_shape_key({k: v for k, v in shape.items() if k != "bias" or v},
+                            ("m", "n", "k", "dtype", "bias"))
 
 
 # ------------------------------------------------------------------------ serving entry point
@@ -405,12 +436,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return torch.nn.functional.linear(x, weight, bias)
     shape = {"m": rows, "n": int(weight.shape[0]), "k": int(k),
              "dtype": str(x.dtype).removeprefix("torch.")}
-    config = runtime.lookup("gemv", shape)
-    if config is None:
-        return torch.nn.functional.linear(x, weight, bias)
-    out = gemv(x.reshape(rows, k), weight, config)
     if bias is not None:
-        out += bias
+        shape["bias"] = 1
+    config = runtime.lookup("gemv", shape)
+    if config is None or bias is not None and bias.dtype != x.dtype:
+        return torch.nn.functional.linear(x, weight, bias)
+    out = gemv(x.reshape(rows, k), weight, config, bias=bias)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
@@ -456,17 +487,18 @@ def compile_config(config: dict, shape: dict, target) -> dict:
     kps = k_per_split(k, int(config["BLOCK_K"]), split_k)
     ints = {"N": n, "K": k, "k_per_split": kps, "stride_xm": k, "stride_wn": k, "stride_om": n}
     signature = {"x_ptr": elem, "w_ptr": elem, "out_ptr": elem,
-                 "part_ptr": "*fp32" if split_k > 1 else elem}
+                 "part_ptr": "*fp32" if split_k > 1 else elem, "bias_ptr": elem}
     signature.update({name: "i32" for name in ints})
     constexprs = {"M": m, "ROWS_PER_BLOCK": int(config["ROWS_PER_BLOCK"]),
                   "BLOCK_K": int(config["BLOCK_K"]), "SPLIT_K": split_k,
-                  "EVEN_K": kps * split_k == k, "STATIC_KPS": 0}
+                  "EVEN_K": kps * split_k == k, "HAS_BIAS": bool(shape.get("bias")),
+                  "STATIC_KPS": 0}
     for name in constexprs:
         signature[name] = "constexpr"
     kernel = _gemv_dot_kernel if int(config.get("USE_DOT", 0)) else _gemv_kernel
     names = kernel.arg_names
     attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("x_ptr", "w_ptr", "out_ptr",
-                                                                    "part_ptr")}
+                                                                    "part_ptr", "bias_ptr")}
     attrs.update({(names.index(p),): [["tt.divisibility", 16]] for p, v in ints.items()
                   if v % 16 == 0})
     options = {"num_warps": int(config.get("num_warps", 4)),

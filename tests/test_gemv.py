@@ -181,3 +181,29 @@ def test_cuda_space_is_small_enough_for_an_exhaustive_grid():
     for m, n, k in [(1, 1024, 4096), (1, 5120, 17408), (1, 151936, 4096), (8, 4096, 4096)]:
         count = len(space.configs({"m": m, "n": n, "k": k}))
         assert 10 <= count <= 600, (m, n, k, count)
+
+
+@pytest.mark.parametrize("split_k, use_dot", [(1, 0), (2, 0), (1, 1), (3, 1)])
+def test_bias_is_fused_and_matches_the_reference(split_k, use_dot):
+    """addmm rows (q/k/v projections with bias) are measured and served with the bias fused in
+    the epilogue: a separate add kernel cost more than the GEMV saved on the H200 (BENCHMARKS.md)."""
+    shape = {"m": 3, "n": 37, "k": 100, "dtype": "float16", "bias": 1}  # fp16: interpreter's bf16 dot is wrong
+    inputs = FAMILY.make_inputs(shape, seed=3)
+    assert inputs["bias"].shape == (37,) and inputs["bias"].abs().sum() > 0
+    config = {"ROWS_PER_BLOCK": 16 if use_dot else 4, "BLOCK_K": 32, "SPLIT_K": split_k,
+              "num_warps": 1, "num_stages": 1, "USE_DOT": use_dot}
+    out = FAMILY.launch(inputs, config)
+    ref = FAMILY.reference(inputs)
+    assert (out.float() - ref).norm() / ref.norm() < 1e-3
+    without = FAMILY.launch({"x": inputs["x"], "weight": inputs["weight"]}, config)
+    assert not torch.allclose(out, without)  # the bias really went in
+    assert FAMILY.shape_key(shape) == "m=3,n=37,k=100,dtype=float16,bias=1"
+    assert FAMILY.bytes_moved(shape) == FAMILY.bytes_moved({**shape, "bias": 0}) + 37 * 2
+
+
+def test_addmm_rows_carry_bias_and_mm_rows_do_not():
+    row = {"family": "gemm", "op": "aten::addmm", "m": 4, "n": 128, "k": 896, "batch": 1,
+           "dtype": "bfloat16"}
+    assert FAMILY.shape_from_row(row) == {"m": 4, "n": 128, "k": 896, "dtype": "bfloat16", "bias": 1}
+    assert FAMILY.shape_from_row({**row, "op": "aten::mm"}) == {"m": 4, "n": 128, "k": 896,
+                                                                 "dtype": "bfloat16"}

@@ -47,7 +47,7 @@ def test_run_on_cpu_stops_after_the_plan(tmp_path, capsys):
     # the example is launch-bound (decode GPU busy ~7% of the wall step): nothing passes against
     # the wall step, and the run says how many gemv shapes would under CUDA graphs
     assert "0 distinct gemv shape(s) to search" in out
-    assert "4 gemv shape(s) would be worth a search" in out
+    assert "5 gemv shape(s) would be worth a search" in out
     assert (tmp_path / "run" / "plan.md").exists()
 
 
@@ -56,23 +56,26 @@ def test_run_graph_captured_plan_shares_the_time_budget(tmp_path, capsys):
                "-o", str(tmp_path / "run")])
     out = capsys.readouterr().out
     assert rc == 0 and "search needs a GPU" in out
-    assert "search plan: 4 gemv shape(s), 4.0 min in total" in out
+    assert "search plan: 5 gemv shape(s), 4.0 min in total" in out
     result = report.run(TRACE, graph_captured=True, timeout="4m", out_dir=tmp_path / "again",
                         gpu=False, out=lambda line: None)
     plan = result.plan
-    assert sorted(plan["shape_key"]) == ["m=4,n=128,k=896,dtype=bfloat16",
+    assert sorted(plan["shape_key"]) == ["m=4,n=128,k=896,dtype=bfloat16,bias=1",
                                          "m=4,n=4864,k=896,dtype=bfloat16",
                                          "m=4,n=896,k=4864,dtype=bfloat16",
-                                         "m=4,n=896,k=896,dtype=bfloat16"]
+                                         "m=4,n=896,k=896,dtype=bfloat16",
+                                         "m=4,n=896,k=896,dtype=bfloat16,bias=1"]
     assert plan["seconds"].sum() == pytest.approx(240.0)
     # time in proportion to headroom per token
     ratio = plan["seconds"] / plan["headroom_us_per_token"]
     assert ratio.max() == pytest.approx(ratio.min())
-    # n=896,k=896 is one kernel shape for the addmm (24/step) and mm (24/step) rows
-    both = plan[plan["shape_key"] == "m=4,n=896,k=896,dtype=bfloat16"].iloc[0]
-    assert both["calls_per_step"] == 48.0
-    # its baseline is the call-weighted mean of the trace's two rows: (4.608 + 4.288) / 2 us
-    assert both["baseline_us"] == pytest.approx((4.608 * 24 + 4.288 * 24) / 48, abs=1e-3)
+    # n=896,k=896: the q projection (addmm, with bias) and the o projection (mm) are measured as
+    # called, so they are two kernel shapes of 24 calls per step, each with its own trace time
+    q = plan[plan["shape_key"] == "m=4,n=896,k=896,dtype=bfloat16,bias=1"].iloc[0]
+    o = plan[plan["shape_key"] == "m=4,n=896,k=896,dtype=bfloat16"].iloc[0]
+    assert q["calls_per_step"] == o["calls_per_step"] == 24.0
+    assert q["baseline_us"] == pytest.approx(4.608, abs=1e-3)
+    assert o["baseline_us"] == pytest.approx(4.288, abs=1e-3)
     assert "| m=4,n=4864,k=896,dtype=bfloat16 | 48.0 |" in result.plan_path.read_text()
 
 
