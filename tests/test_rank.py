@@ -380,3 +380,25 @@ def test_study_without_a_feasible_trial_keeps_a_row(tmp_path):
     assert row["decision"] == "reject" and row["shape"] == "m=4,n=896,k=896,dtype=bfloat16"
     assert row["reason"] == ("no candidate: no feasible completed trial in the study "
                              "(3 trials: 1 complete, 2 failed, 1 parity mismatch)")
+
+
+def test_the_default_config_is_always_a_candidate():
+    """When the search measured the default config feasible but slower than its top few (a few
+    µs are noisy), rank still re-measures it: on the H200 it beat every top-3 candidate of the
+    q/o projection, which was then left with no accepted config."""
+    import optuna
+
+    def trial(config, us, parity="exact"):
+        return optuna.trial.create_trial(
+            params={}, distributions={}, value=us, state=optuna.trial.TrialState.COMPLETE,
+            user_attrs={"config": config, "median_us": us, "parity": parity})
+
+    default = cfg(16)
+    trials = [trial(cfg(1), 3.1), trial(cfg(2), 3.2), trial(cfg(4), 3.3), trial(default, 3.4)]
+    assert [c.config["ROWS_PER_BLOCK"] for c in rank.best_distinct(trials, 3)] == [1, 2, 4]
+    with_default = rank.best_distinct(trials, 3, default)
+    assert [c.config["ROWS_PER_BLOCK"] for c in with_default] == [1, 2, 4, 16]
+    assert with_default[-1].search_us == 3.4
+    # already among the best: not twice; never measured feasible: not added
+    assert len(rank.best_distinct(trials, 3, cfg(2))) == 3
+    assert len(rank.best_distinct(trials[:3], 3, default)) == 3
