@@ -228,6 +228,63 @@ def test_tpe_postgres_two_workers_resume_is_idempotent(pg):
     assert more.shapes[0].best_us <= first.shapes[0].best_us
 
 
+class _Pipe:
+    def send(self, message):
+        pass
+
+
+class _CountingObjective(FakeObjective):
+    def __init__(self, plan):
+        super().__init__(plan)
+        self.evaluated = []
+
+    def evaluate(self, config: dict) -> TrialResult:
+        self.evaluated.append(config)
+        return super().evaluate(config)
+
+
+def test_grid_worker_with_a_stale_view_never_measures_what_another_worker_has(tmp_path):
+    """The race of two grid workers: worker B read the study while the queue was full; worker A
+    then popped every queued config, finished half of them and is measuring the rest. B's trials
+    (the queue is empty, so the sampler proposes) must all be answered as duplicates: no config
+    measured twice, no proposal outside the constraints, no GPU time."""
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    plan = plans_for("race-test")[0]
+    search.prepare_studies([plan], settings(url))
+    storage = search.make_storage(url, None, None)
+    worker_a = optuna.load_study(study_name=plan.study_name, storage=storage)
+    stale = search.read_state(worker_a.get_trials(deepcopy=False), plan)
+    assert stale.waiting == plan.n_valid
+    for i in range(plan.n_valid):  # worker A takes the whole queue
+        trial = worker_a.ask()
+        params = {name: trial.suggest_categorical(name, list(choices))
+                  for name, choices in plan.space.params.items()}
+        trial.set_user_attr("config", {**DEFAULT, **params})
+        if i % 2 == 0:
+            worker_a.tell(trial, 1.0 + i)
+    worker_b = optuna.load_study(study_name=plan.study_name, storage=storage,
+                                 sampler=search.make_sampler("grid", 0, plan.n_valid,
+                                                             search.valid_params(plan)))
+    objective = _CountingObjective(plan)
+    for _ in range(30):
+        worker_b.optimize(lambda t: search._run_trial(t, plan, stale, objective, _Pipe(), 1, {}),
+                          n_trials=1, catch=(search.TrialFailed,))
+    assert objective.evaluated == []
+    trials = worker_b.get_trials(deepcopy=False)
+    mine = trials[plan.n_valid:]
+    assert len(mine) == 30 and all("duplicate_of" in t.user_attrs for t in mine)
+    for t in mine:
+        prior = trials[t.user_attrs["duplicate_of"]]
+        assert prior.user_attrs["config"] == t.user_attrs["config"]
+        if prior.state.name == "RUNNING":  # being measured: stepped aside, not counted
+            assert t.state.name == "FAIL" and t.user_attrs["failure"].startswith(search.SKIPPED)
+        else:
+            assert t.state.name == "COMPLETE" and t.value == prior.value
+    assert search.read_state(trials, plan).measured == (plan.n_valid + 1) // 2
+
+
 def test_time_budget_is_shared_in_proportion_to_headroom(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SLEEP", "0.1")
     url = f"sqlite:///{tmp_path / 'studies.db'}"

@@ -29,7 +29,9 @@ How a trial ends (docs/search.md has the table):
 - the worker died (crash, illegal memory access, kill -9) or was killed for hanging: FAIL with the
   reason; a death is retried once (enqueued again), a hang is not;
 - a config this study already measured: answered from the earlier trial (user attr
-  `duplicate_of`), no GPU time.
+  `duplicate_of`), no GPU time;
+- a config an earlier trial of another worker is measuring right now: FAIL 'skipped' with
+  `duplicate_of`, no GPU time (`_taken`: each config is measured once across workers).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ MAX_RESTARTS_IN_A_ROW = 5  # a worker slot that dies this often without finishin
 RETRYABLE_PREFIXES = ("worker died", "interrupted")
 SKIPPED = "skipped:"  # failure prefix of a trial that stepped back before running (not counted)
 MAX_SAMPLER_REPEATS = 20  # after this many duplicate / invalid proposals in a row, queue a fresh config
+CLAIM_WAIT_S = 10.0  # a trial waits at most this long for an earlier trial to write its config
 
 
 # ------------------------------------------------------------------------------ objective API
@@ -496,8 +499,7 @@ def startup_configs(plan: StudyPlan, sampler: str, seed: int | None) -> list[dic
     combinations the constraints forbid: 85% of the gemv product for a typical decode shape); for
     grid, every other valid config (seeded shuffle). Params only (the searched parameters)."""
     default = {k: plan.default_config.get(k) for k in plan.space.params}
-    valid = [{k: c[k] for k in plan.space.params} for c in map(json.loads, plan.valid_keys)]
-    rest = [c for c in valid if c != default]
+    rest = [c for c in valid_params(plan) if c != default]
     random.Random(f"{seed}:{plan.study_name}").shuffle(rest)
     if sampler == "grid":
         return rest
@@ -506,7 +508,13 @@ def startup_configs(plan: StudyPlan, sampler: str, seed: int | None) -> list[dic
     return []
 
 
-def make_sampler(name: str, seed: int | None, n_valid: int):
+def valid_params(plan: StudyPlan) -> list[dict]:
+    """Every valid config of the plan, as the searched parameters only."""
+    return [{k: c[k] for k in plan.space.params} for c in map(json.loads, plan.valid_keys)]
+
+
+def make_sampler(name: str, seed: int | None, n_valid: int, valid: list[dict] | None = None):
+    """`valid`: the plan's valid configs (`valid_params`); --sampler grid draws only from them."""
     import optuna
 
     legacy = not hasattr(optuna.trial.Trial, "set_constraint")
@@ -520,9 +528,38 @@ def make_sampler(name: str, seed: int | None, n_valid: int):
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup(n_valid),
                                          warn_independent_sampling=False, **cfunc)
-    if name in ("random", "grid"):  # grid: every valid config is enqueued; random only if asked for more
+    if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":  # every valid config is enqueued; see _queue_sampler
+        return _queue_sampler(seed, valid or [])
     raise TunerError(f"unknown sampler {name!r}; expected one of {', '.join(SAMPLERS)}")
+
+
+def _queue_sampler(seed: int | None, valid: list[dict]):
+    """--sampler grid: every valid config is in the queue, so a trial is sampled only when the
+    queue ran empty between the worker's look at the study and its trial (another worker popped
+    the last config). Such a trial draws a random *valid* config, which the study already has
+    (measured, or being measured): it is answered as a duplicate, with no GPU time. (A
+    RandomSampler would draw each parameter on its own, often a combination the constraints
+    forbid: a PRUNED trial that stands for no config.)"""
+    import optuna
+
+    class QueueSampler(optuna.samplers.RandomSampler):
+        def __init__(self):
+            super().__init__(seed=seed)
+            self._draw = random.Random(seed)
+            self._config: dict = {}
+
+        def before_trial(self, study, trial):
+            super().before_trial(study, trial)
+            self._config = self._draw.choice(valid) if valid else {}
+
+        def sample_independent(self, study, trial, param_name, param_distribution):
+            if param_name in self._config:
+                return self._config[param_name]
+            return super().sample_independent(study, trial, param_name, param_distribution)
+
+    return QueueSampler()
 
 
 def check_sampler(name: str) -> None:
@@ -549,6 +586,7 @@ class StudyState:
     best: Any = None  # best feasible COMPLETE trial
     waiting: int = 0
     in_flight: set = field(default_factory=set)  # config keys of RUNNING trials
+    queued: set = field(default_factory=set)  # config keys of WAITING trials
 
 
 def read_state(trials, plan: StudyPlan, now: float | None = None) -> StudyState:
@@ -564,6 +602,8 @@ def read_state(trials, plan: StudyPlan, now: float | None = None) -> StudyState:
         key = config_key(config) if config else f"trial {t.number}"  # never ran: no config
         if t.state == TrialState.WAITING:
             state.waiting += 1
+            if params:
+                state.queued.add(key)
             continue
         if t.state == TrialState.RUNNING:
             state.running += 1
@@ -747,7 +787,7 @@ def _worker_main(args: _WorkerArgs, conn, stop_event) -> None:
             if p.study_name not in studies:
                 studies[p.study_name] = optuna.load_study(
                     study_name=p.study_name, storage=storage,
-                    sampler=make_sampler(settings.sampler, args.seed, p.n_valid))
+                    sampler=make_sampler(settings.sampler, args.seed, p.n_valid, valid_params(p)))
         state = None
         if plan is not None and time.time() < slice_end:
             # within a time slice: stay on this study and read only its trials
@@ -797,8 +837,11 @@ def _worker_main(args: _WorkerArgs, conn, stop_event) -> None:
         else:
             streak[plan.study_name] = 0
         if streak[plan.study_name] >= MAX_SAMPLER_REPEATS:
-            # the sampler keeps proposing what it has seen: queue a config nobody tried yet
-            fresh = [k for k in plan.valid_keys if k not in state.known and k not in state.in_flight]
+            # the sampler keeps proposing what it has seen: queue a config nobody tried yet (the
+            # state may be old by now: if another worker took it meanwhile, the trial is answered
+            # as a duplicate, see _taken)
+            fresh = [k for k in plan.valid_keys
+                     if k not in state.known and k not in state.in_flight and k not in state.queued]
             if fresh:
                 config = json.loads(rng.choice(fresh))
                 study.enqueue_trial({k: config[k] for k in plan.space.params},
@@ -848,7 +891,10 @@ def _check_trial_cap(trial, plan: StudyPlan, trials: int, params: dict, outcome:
 def _run_trial(trial, plan: StudyPlan, state: StudyState, objective: Objective, conn, slot: int,
                outcome: dict, trials: int | None = None) -> float:
     """The Optuna objective of one trial (runs inside study.optimize). `state`: the study as read
-    just before this trial (for configs it already has)."""
+    just before this trial (for the --trials cap). Whether the config is taken is read again once
+    the trial has written it (`_taken`): the other workers moved on since `state` was read."""
+    from optuna.trial import TrialState
+
     params = {name: trial.suggest_categorical(name, list(choices))
               for name, choices in plan.space.params.items()}
     config = _full_config(plan.default_config, params)
@@ -863,8 +909,10 @@ def _run_trial(trial, plan: StudyPlan, state: StudyState, objective: Objective, 
 
         raise optuna.TrialPruned("constraint")
     key = config_key(config)
-    prior = state.known.get(key)
-    if prior is not None and prior.number != trial.number:
+    prior = _taken(trial, plan, key)
+    if prior is not None and prior.state == TrialState.RUNNING:
+        return _step_aside(trial, prior, outcome)
+    if prior is not None:
         return _replay(trial, prior, outcome)
     if trials is not None and state.measured + state.running + 16 >= trials:
         _check_trial_cap(trial, plan, trials, params, outcome)
@@ -899,6 +947,47 @@ def _record(trial, result: TrialResult, outcome: dict, parity_mode: str = "toler
     if trial.user_attrs.get("role") == "default":
         trial.study.set_user_attr("default_us", float(result.median_us))
     return float(result.median_us)
+
+
+def _taken(trial, plan: StudyPlan, key: str):
+    """The trial that already has this config, read from the storage now: the one whose outcome
+    stands for it (finished), or one measuring it right now that started before this trial
+    (RUNNING); None when this trial is the one to measure it.
+
+    Every trial writes its `config` before it calls this, so of two trials that take the same
+    config at the same moment the later one sees the earlier one and steps aside. An earlier
+    trial that has not written its config yet (its sampler is still choosing) might be about to
+    take this one: wait for it, at most CLAIM_WAIT_S (older ones are orphans, see fail_orphans).
+    "Earlier" is (datetime_start, number), as in _check_trial_cap; with PostgreSQL and several
+    hosts it is only as good as their clocks."""
+    from optuna.trial import TrialState
+
+    mine = (trial.datetime_start, trial.number)
+    while True:
+        others = [t for t in trial.study.get_trials(deepcopy=False) if t.number != trial.number]
+        known = read_state(others, plan).known.get(key)
+        if known is not None:
+            return known
+        earlier = [t for t in others if t.state == TrialState.RUNNING
+                   and t.datetime_start is not None and (t.datetime_start, t.number) < mine]
+        for t in earlier:
+            if t.user_attrs.get("config") and config_key(t.user_attrs["config"]) == key:
+                return t
+        now = time.time()
+        if not any("config" not in t.user_attrs and now - t.datetime_start.timestamp() < CLAIM_WAIT_S
+                   for t in earlier):
+            return None
+        time.sleep(0.05)
+
+
+def _step_aside(trial, running, outcome: dict) -> float:
+    """The config is being measured by an earlier trial right now: no GPU time here. FAIL
+    'skipped' (not counted, TPE ignores it) with `duplicate_of`; if the earlier trial's worker
+    dies, that trial is retried, so the config is not lost."""
+    trial.set_user_attr("duplicate_of", running.number)
+    trial.set_user_attr("failure", f"{SKIPPED} trial {running.number} is measuring this config")
+    outcome["what"] = "duplicate"
+    raise TrialFailed("skipped")
 
 
 def _replay(trial, prior, outcome: dict) -> float:
