@@ -30,6 +30,7 @@ import pandas as pd
 
 from .device import DeviceProfile
 from .errors import NoGPUError, TunerError, warn
+from .tables import read_parquet, write_parquet
 
 # Bytes per element for the dtype names a trace can carry (torch names, c10 names, short names).
 DTYPE_BYTES: dict[str, int] = {
@@ -389,22 +390,11 @@ def surviving(budget: pd.DataFrame) -> pd.DataFrame:
 
 
 def write(budget: pd.DataFrame, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    budget.to_parquet(tmp, index=False)
-    tmp.replace(path)
-    return path
+    return write_parquet(budget, path)
 
 
 def read(path: str | Path) -> pd.DataFrame:
-    path = Path(path)
-    if not path.exists():
-        raise TunerError(f"budget table not found: {path}")
-    try:
-        budget = pd.read_parquet(path)
-    except Exception as exc:  # pyarrow raises several types for a bad file
-        raise TunerError(f"cannot read budget table {path}: {exc}") from None
+    budget = read_parquet(path, "budget table")
     if "verdict" not in budget.columns:
         raise TunerError(f"{path} is not a budget table (no verdict column)")
     return budget

@@ -29,6 +29,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from .errors import TunerError, info, warn
+from .tables import read_parquet, write_parquet
 
 VERDICTS_DIR = Path("artifacts") / "verdicts"
 DEFAULT_MIN_SPEEDUP = 1.01
@@ -583,9 +584,7 @@ def write(table: pd.DataFrame, out_dir: str | Path = VERDICTS_DIR, name: str = "
     out_dir.mkdir(parents=True, exist_ok=True)
     parquet = out_dir / f"{name}.parquet"
     md = out_dir / f"{name}.md"
-    tmp = parquet.with_suffix(".parquet.tmp")
-    table.to_parquet(tmp, index=False)
-    tmp.replace(parquet)
+    write_parquet(table, parquet)
     tmp = md.with_suffix(".md.tmp")
     tmp.write_text(markdown(table))
     tmp.replace(md)
@@ -593,13 +592,7 @@ def write(table: pd.DataFrame, out_dir: str | Path = VERDICTS_DIR, name: str = "
 
 
 def read(path: str | Path) -> pd.DataFrame:
-    path = Path(path)
-    if not path.exists():
-        raise TunerError(f"verdict table not found: {path} (run `tuner rank` first)")
-    try:
-        table = pd.read_parquet(path)
-    except Exception as exc:
-        raise TunerError(f"cannot read verdict table {path}: {exc}") from None
+    table = read_parquet(path, "verdict table", " (run `tuner rank` first)")
     missing = [c for c in VERDICT_COLUMNS if c not in table.columns]
     if missing:
         raise TunerError(f"{path} is not a verdict table (lacks {', '.join(missing)})")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import TunerError
+from .tables import read_parquet, write_parquet
 
 COLUMNS: dict[str, str] = {
     "op": "string",
@@ -67,20 +68,8 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def write(df: pd.DataFrame, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    normalize(df).to_parquet(tmp, index=False)
-    tmp.replace(path)
-    return path
+    return write_parquet(normalize(df), path)
 
 
 def read(path: str | Path) -> pd.DataFrame:
-    path = Path(path)
-    if not path.exists():
-        raise TunerError(f"shape table not found: {path}")
-    try:
-        df = pd.read_parquet(path)
-    except Exception as exc:  # pyarrow raises several types for a bad file
-        raise TunerError(f"cannot read shape table {path}: {exc}") from None
-    return normalize(df)
+    return normalize(read_parquet(path, "shape table"))
