@@ -775,7 +775,6 @@ def _worker_main(args: _WorkerArgs, conn, stop_event) -> None:
     factory = resolve_factory(settings.objective)
     objectives: dict[str, Objective] = {}
     studies: dict[str, Any] = {}
-    by_name = {p.study_name: p for p in args.plans}
     streak: dict[str, int] = {}  # trials in a row that the sampler spent on known / invalid configs
     rng = random.Random(args.seed)
     plan, slice_end = None, 0.0
