@@ -552,3 +552,59 @@ def format_rows(rows: list[BenchRow], *, with_config: bool = True) -> str:
         lines.append(f"{r.label:<10} {r.median_us:>10.2f} {r.spread_pct:>6.2f}% {r.tbps:>6.2f} "
                      f"{share} {r.parity:<9} {r.output_hash:<16} {r.rel_err:>8.1e}  {cfg}")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ tuner bench
+def run_command(family_name: str, shape_text: str, *, dtype=None, configs=(), cache="cold",
+                groups=10, replays=10, device=None, device_profile=None, do_sweep=False,
+                max_configs=None, top=5, out=print) -> None:
+    """`tuner bench`: baseline, default and the given configs (and with `sweep` the whole
+    space, `do_sweep`) for one shape under the timing protocol, printed as a table through `out`."""
+    import kernels
+
+    from . import device as device_mod, parity
+    from .errors import warn
+
+    family = kernels.get_family(family_name)
+    shape = parse_shape(shape_text, dtype)
+    config_list = [parse_config(text) for text in configs]
+    dev = _device(device)  # NoGPUError (one line, exit 2) before anything else
+    options = {} if dev.type == "cuda" else {"target_graph_us": 1.0, "min_calls": 1}
+    if device_profile:
+        profile = device_mod.load_profile(device_profile)
+    else:
+        profile = device_mod.find_saved_profile() if dev.type == "cuda" else None
+        if profile is None:
+            warn("no measured profile for this GPU: run `tuner device` for the bandwidth share")
+    sets = make_input_sets(family, shape, cache, dev)
+    checker = parity.Checker(family, shape, reference="default", device=dev)
+    out(f"{family.name} {family.shape_key(shape)}  cache={cache}  "
+        f"input sets={len(sets)}  backend={backend_name(dev)}  "
+        f"bytes={family.bytes_moved(shape)}")
+    if profile is not None:
+        out(f"profile: {profile.name}, read bandwidth "
+            f"{profile.read_bandwidth_bytes_per_s / 1e12:.3f} TB/s ({profile.source})")
+    timing = {"cache": cache, "groups": groups, "replays": replays, "device": dev, **options}
+    rows = [bench_one(family, shape, "baseline", "baseline", checker=checker, input_sets=sets,
+                      profile=profile, **timing),
+            bench_one(family, shape, "default", "default", checker=checker, input_sets=sets,
+                      profile=profile, **timing)]
+    for i, config in enumerate(config_list):
+        label = f"config{i + 1}" if len(config_list) > 1 else "config"
+        rows.append(bench_one(family, shape, label, config, checker=checker, input_sets=sets,
+                              profile=profile, **timing))
+    out(format_rows(rows))
+    if do_sweep:
+        swept = sweep(family, shape, checker=checker, input_sets=sets, cache=cache,
+                      profile=profile, max_configs=max_configs, device=dev, **options)
+        ok = sorted((r for r in swept if not r.failure and r.parity != "mismatch"),
+                    key=lambda r: r.median_us)
+        hashes = {r.output_hash for r in swept if r.output_hash}
+        failed = sum(1 for r in swept if r.failure)
+        mismatched = sum(1 for r in swept if r.parity == "mismatch")
+        out(f"\nsweep: {len(swept)} configs, {failed} failed, {mismatched} parity mismatches, "
+            f"{len(hashes)} distinct output hashes; best {min(top, len(ok))}:")
+        out(format_rows(ok[: top]))
+        if ok and rows[0].median_us == rows[0].median_us:
+            out(f"best vs baseline: {rows[0].median_us / ok[0].median_us:.3f}x   "
+                f"best vs default: {rows[1].median_us / ok[0].median_us:.3f}x")

@@ -278,6 +278,46 @@ def _check_table(table: pd.DataFrame) -> None:
                              f"{bad.index[0]}): not a valid ShapeTable")
 
 
+def resolve_profile(table: pd.DataFrame, *, device: str | None = None,
+                    bandwidth: str | None = None,
+                    matmul_rate: str | None = None) -> tuple[DeviceProfile, str]:
+    """The DeviceProfile to budget `table` with, and where it came from: `device` (a profile
+    JSON, a saved key or a spec name), else a saved `tuner device` profile matching the table's
+    device column, else `bandwidth` with `matmul_rate`; rate overrides are applied last."""
+    import dataclasses
+
+    from .device import DEVICES_DIR, SPEC_PROFILES, load_profile
+
+    bandwidth_bps = parse_bandwidth(bandwidth) if bandwidth else None
+    rate = parse_matmul_rate(matmul_rate) if matmul_rate else None
+    profile, where = None, ""
+    if device:
+        profile = load_profile(device)
+        where = device
+    else:
+        for name in table["device"].dropna().unique():
+            # the key `tuner device` saves it under
+            key = DeviceProfile("", "", str(name), "", 0, 0, 0, 0.0, 0.0).key
+            if key and (DEVICES_DIR / f"{key}.json").exists():
+                profile = load_profile(DEVICES_DIR / f"{key}.json")
+                where = f"{DEVICES_DIR / key}.json, matching the table's device {name!r}"
+                break
+    if profile is None:
+        if bandwidth_bps is None or rate is None:
+            raise TunerError(
+                "no device profile: give --device with a profile JSON from `tuner device`, a saved "
+                f"profile name, or a spec name ({', '.join(sorted(SPEC_PROFILES))}); "
+                "or give both --bandwidth and --matmul-rate")
+        profile = DeviceProfile("", "", "custom", "", 0, 0, 0, bandwidth_bps, rate, source="given")
+        return profile, "--bandwidth and --matmul-rate"
+    if bandwidth_bps is not None or rate is not None:
+        profile = dataclasses.replace(
+            profile, source=f"{profile.source}, overridden",
+            read_bandwidth_bytes_per_s=bandwidth_bps or profile.read_bandwidth_bytes_per_s,
+            bf16_matmul_flops_per_s=rate or profile.bf16_matmul_flops_per_s)
+    return profile, where
+
+
 def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold = DEFAULT_THRESHOLD,
             hit_rate: float = 1.0, graph_captured: bool = False, min_kernel_us: float = 0.0,
             baseline_us: pd.Series | None = None) -> pd.DataFrame:

@@ -148,56 +148,12 @@ def _add_bench(sub) -> None:
 
 
 def cmd_bench(args) -> int:
-    import kernels
+    from . import bench
 
-    from . import bench, device, parity
-    from .errors import warn
-
-    family = kernels.get_family(args.family)
-    shape = bench.parse_shape(args.shape, args.dtype)
-    configs = [bench.parse_config(text) for text in args.config]
-    dev = bench._device(args.device)  # NoGPUError (one line, exit 2) before anything else
-    options = {} if dev.type == "cuda" else {"target_graph_us": 1.0, "min_calls": 1}
-    if args.device_profile:
-        profile = device.load_profile(args.device_profile)
-    else:
-        profile = device.find_saved_profile() if dev.type == "cuda" else None
-        if profile is None:
-            warn("no measured profile for this GPU: run `tuner device` for the bandwidth share")
-    sets = bench.make_input_sets(family, shape, args.cache, dev)
-    checker = parity.Checker(family, shape, reference="default", device=dev)
-    print(f"{family.name} {family.shape_key(shape)}  cache={args.cache}  "
-          f"input sets={len(sets)}  backend={bench.backend_name(dev)}  "
-          f"bytes={family.bytes_moved(shape)}")
-    if profile is not None:
-        print(f"profile: {profile.name}, read bandwidth "
-              f"{profile.read_bandwidth_bytes_per_s / 1e12:.3f} TB/s ({profile.source})")
-    timing = {"cache": args.cache, "groups": args.groups, "replays": args.replays,
-              "device": dev, **options}
-    rows = [bench.bench_one(family, shape, "baseline", "baseline", checker=checker,
-                            input_sets=sets, profile=profile, **timing),
-            bench.bench_one(family, shape, "default", "default", checker=checker,
-                            input_sets=sets, profile=profile, **timing)]
-    for i, config in enumerate(configs):
-        rows.append(bench.bench_one(family, shape, f"config{i + 1}" if len(configs) > 1
-                                    else "config", config, checker=checker, input_sets=sets,
-                                    profile=profile, **timing))
-    print(bench.format_rows(rows))
-    if args.sweep:
-        swept = bench.sweep(family, shape, checker=checker, input_sets=sets, cache=args.cache,
-                            profile=profile, max_configs=args.max_configs, device=dev,
-                            **options)
-        ok = sorted((r for r in swept if not r.failure and r.parity != "mismatch"),
-                    key=lambda r: r.median_us)
-        hashes = {r.output_hash for r in swept if r.output_hash}
-        failed = sum(1 for r in swept if r.failure)
-        mismatched = sum(1 for r in swept if r.parity == "mismatch")
-        print(f"\nsweep: {len(swept)} configs, {failed} failed, {mismatched} parity mismatches, "
-              f"{len(hashes)} distinct output hashes; best {min(args.top, len(ok))}:")
-        print(bench.format_rows(ok[: args.top]))
-        if ok and rows[0].median_us == rows[0].median_us:
-            print(f"best vs baseline: {rows[0].median_us / ok[0].median_us:.3f}x   "
-                  f"best vs default: {rows[1].median_us / ok[0].median_us:.3f}x")
+    bench.run_command(args.family, args.shape, dtype=args.dtype, configs=args.config,
+                      cache=args.cache, groups=args.groups, replays=args.replays,
+                      device=args.device, device_profile=args.device_profile, do_sweep=args.sweep,
+                      max_configs=args.max_configs, top=args.top)
     return 0
 
 
@@ -237,43 +193,6 @@ def _add_budget(sub) -> None:
     p.set_defaults(func=cmd_budget)
 
 
-def _budget_profile(args, table):
-    """The DeviceProfile for `tuner budget`: --device, a saved profile matching the table's device
-    column, or --bandwidth with --matmul-rate; overrides applied last."""
-    import dataclasses
-
-    from . import budget
-    from .device import DEVICES_DIR, DeviceProfile, SPEC_PROFILES, load_profile
-
-    bandwidth = budget.parse_bandwidth(args.bandwidth) if args.bandwidth else None
-    rate = budget.parse_matmul_rate(args.matmul_rate) if args.matmul_rate else None
-    profile, where = None, ""
-    if args.device:
-        profile = load_profile(args.device)
-        where = args.device
-    else:
-        for name in table["device"].dropna().unique():
-            key = DeviceProfile("", "", str(name), "", 0, 0, 0, 0.0, 0.0).key  # as `tuner device` saves it
-            if key and (DEVICES_DIR / f"{key}.json").exists():
-                profile = load_profile(DEVICES_DIR / f"{key}.json")
-                where = f"{DEVICES_DIR / key}.json, matching the table's device {name!r}"
-                break
-    if profile is None:
-        if bandwidth is None or rate is None:
-            raise TunerError(
-                "no device profile: give --device with a profile JSON from `tuner device`, a saved "
-                f"profile name, or a spec name ({', '.join(sorted(SPEC_PROFILES))}); "
-                "or give both --bandwidth and --matmul-rate")
-        profile = DeviceProfile("", "", "custom", "", 0, 0, 0, bandwidth, rate, source="given")
-        return profile, "--bandwidth and --matmul-rate"
-    if bandwidth is not None or rate is not None:
-        profile = dataclasses.replace(
-            profile, source=f"{profile.source}, overridden",
-            read_bandwidth_bytes_per_s=bandwidth or profile.read_bandwidth_bytes_per_s,
-            bf16_matmul_flops_per_s=rate or profile.bf16_matmul_flops_per_s)
-    return profile, where
-
-
 def cmd_budget(args) -> int:
     from pathlib import Path
 
@@ -291,7 +210,8 @@ def cmd_budget(args) -> int:
         if len(table) == 0:
             raise TunerError(f"{args.shapes} has no {args.phase} rows; phases present: "
                              f"{', '.join(present) or 'none'}")
-    profile, where = _budget_profile(args, table)
+    profile, where = budget.resolve_profile(table, device=args.device, bandwidth=args.bandwidth,
+                                            matmul_rate=args.matmul_rate)
     measured = budget.measure_baselines(table) if args.measure else None
     result = budget.compute(table, profile, threshold=threshold, hit_rate=hit_rate,
                             graph_captured=args.graph_captured, min_kernel_us=min_kernel_us,
