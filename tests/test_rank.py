@@ -135,6 +135,18 @@ def test_slower_than_the_default_config_is_rejected():
     assert row["reason"].startswith("slower than the default config: 0.909x")
 
 
+def test_the_default_config_is_not_rejected_against_itself():
+    """Measured on the H200 (attention, kv_len 130): the default config, re-measured against the
+    default, gave 0.999x [0.999, 1.000] — an A/A pair — and was rejected as slower than itself."""
+    s = study_info()
+    c = cand(16)
+    s.default_config = dict(c.config)
+    m = measured(c, base=4.88, cand_us=4.37, low=1.114, high=1.116)
+    m.vs_default = rank.Pair(4.37, 4.372, 4.37 / 4.372, 0.9990, 0.9998, 0.6)
+    row = rank.decide([(s, [(c, m)])], threshold="1us").iloc[0]
+    assert row["decision"] == "accept", row["reason"]
+
+
 def test_too_small_saving_is_rejected():
     # the lm_head of the example: 1 call per step; 65.25 -> 62.0 us is a real 1.05x ...
     s = study_info("m=4,n=151936,k=896,dtype=bfloat16", calls=1.0)
