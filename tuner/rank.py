@@ -282,7 +282,9 @@ def decide_one(study: StudyInfo, cand: Candidate, meas: Measured, *, min_speedup
 
 
 def _pct(x: float) -> str:
-    return "n/a" if x is None or math.isnan(x) else f"{x * 100:.2f}%"
+    if x is None or math.isnan(x):
+        return "n/a"
+    return f"{x * 100:.2f}%" if abs(x) >= 1e-3 else f"{x * 100:.2g}%"  # 0.0015%, not 0.00%
 
 
 def decide(studies: list[tuple[StudyInfo, list[tuple[Candidate, Measured]]]], *,
