@@ -12,7 +12,7 @@ T=shapes/examples/qwen25_05b_b4_live.parquet
 for fam in gemm attention; do
   echo "== tuner search --family $fam" | tee -a "$LOG"
   timeout --kill-after=10 70 python3 -m tuner.cli search "$T" --family "$fam" --timeout 25s \
-    --min-saving 1us --storage "$S" --no-progress 2>&1 | tee -a "$LOG"
+    --device h200 --min-saving 1us --storage "$S" --no-progress 2>&1 | tee -a "$LOG"
   echo "rc=${PIPESTATUS[0]}" | tee -a "$LOG"
   echo "== tuner rank --family $fam" | tee -a "$LOG"
   timeout --kill-after=10 60 python3 -m tuner.cli rank --family "$fam" --storage "$S" --top 1 \
