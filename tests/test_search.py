@@ -34,6 +34,7 @@ from tuner.search import TrialResult
 from tuner.spaces import SearchSpace
 
 ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "shapes" / "examples" / "qwen25_05b_b4_decode.parquet"
 
 # A small space with a constraint: 27 combinations, 24 allowed.
 SPACE = SearchSpace("fake", "cuda",
@@ -511,3 +512,20 @@ def test_ctrl_c_stops_after_the_trials_in_flight(tmp_path):
     trials = trials_of(url, name)
     assert not [t for t in trials if t.state.name in ("RUNNING", "FAIL")], state_counts(trials)
     assert 3 <= sum(t.state.name == "COMPLETE" for t in trials) < 40
+
+
+def test_graph_captured_budget_keeps_the_decode_linears_of_an_eager_trace():
+    """The bundled example was profiled eagerly (GPU busy ~7% of the step): against the wall step
+    no gemv shape passes the default 0.5%, against the GPU-busy step (graph-captured) five do."""
+    from tuner import shapetable
+    from tuner.device import load_profile
+
+    table = shapetable.read(EXAMPLE)
+    profile = load_profile("h200")
+    plans, skipped = search.plan_studies(table, "gemv", profile)
+    assert plans == [] and skipped
+    plans, _ = search.plan_studies(table, "gemv", profile, graph_captured=True)
+    assert sorted(p.shape_key for p in plans) == [
+        "m=4,n=128,k=896,dtype=bfloat16,bias=1", "m=4,n=4864,k=896,dtype=bfloat16",
+        "m=4,n=896,k=4864,dtype=bfloat16", "m=4,n=896,k=896,dtype=bfloat16",
+        "m=4,n=896,k=896,dtype=bfloat16,bias=1"]

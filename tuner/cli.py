@@ -344,6 +344,9 @@ def _add_search(sub) -> None:
     p.add_argument("--parity", choices=("tolerance", "exact"), default="tolerance",
                    help="which outputs are feasible: within the dtype's tolerance (default) or "
                    "bit-identical to the default config")
+    p.add_argument("--graph-captured", action="store_true",
+                   help="budget against the step's GPU-busy time (a server that replays the step "
+                   "as a CUDA graph) instead of its wall time, as `tuner budget --graph-captured`")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     p.add_argument("--trial-timeout", metavar="DURATION", default="10m",
                    help="a trial (compile + parity + timing) running longer hangs: its worker is "
@@ -369,7 +372,7 @@ def cmd_search(args) -> int:
         threshold=threshold, seed=args.seed, parity_mode=args.parity,
         trial_timeout_s=search.parse_duration(args.trial_timeout),
         objective_factory=args.objective, progress=not args.no_progress,
-        heartbeat_s=args.heartbeat, grace_s=args.grace)
+        heartbeat_s=args.heartbeat, grace_s=args.grace, graph_captured=args.graph_captured)
     print(search.format_summary(summary))
     return 130 if summary.interrupted else 0
 

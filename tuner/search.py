@@ -276,7 +276,7 @@ def _full_config(default: dict, params: dict) -> dict:
 
 
 def plan_studies(table, family: str, profile, *, threshold=None, parity_mode: str = "tolerance",
-                 source: str = "", spaces_dir: Path | None = None
+                 source: str = "", spaces_dir: Path | None = None, graph_captured: bool = False
                  ) -> tuple[list[StudyPlan], list[tuple[str, str]]]:
     """Budget the table's rows of `family` on `profile`; a plan per surviving shape.
 
@@ -293,7 +293,8 @@ def plan_studies(table, family: str, profile, *, threshold=None, parity_mode: st
         raise TunerError(f"the shape table has no {family} shapes "
                          f"(ops/families in it: {', '.join(sorted(set(table['family'].astype(str))))})")
     kwargs = {"threshold": threshold} if threshold is not None else {}
-    judged = budget.compute(rows.reset_index(drop=True), profile, **kwargs)
+    judged = budget.compute(rows.reset_index(drop=True), profile, graph_captured=graph_captured,
+                            **kwargs)
     space = spaces.space_for(family, backend, spaces_dir) if spaces_dir else spaces.space_for(family, backend)
     dkey = device_key_of(profile)
     sm_count = int(getattr(profile, "multiprocessors", 0) or 0) or None
@@ -1357,12 +1358,14 @@ def search(shapes_path: str | Path, family: str, *, device=None, storage: str | 
            timeout_s: float | None = None, trials: int | None = None, gpus: list[str] | None = None,
            sampler: str = "tpe", threshold=None, seed: int = 0, parity_mode: str = "tolerance",
            trial_timeout_s: float = 600.0, objective_factory: ObjectiveFactory | str | None = None,
-           progress: bool = True, heartbeat_s: int = 10, grace_s: int = 60) -> SearchSummary:
+           progress: bool = True, heartbeat_s: int = 10, grace_s: int = 60,
+           graph_captured: bool = False) -> SearchSummary:
     """`tuner search`: budget the shape table, then search every surviving shape.
 
     `device`: a DeviceProfile, a profile name/path (tuner.device.load_profile), or None (the only
     saved profile under artifacts/devices). `objective_factory` replaces the GPU objective: tests
-    pass a cheap deterministic one through the same orchestration.
+    pass a cheap deterministic one through the same orchestration. `graph_captured` budgets
+    against the GPU-busy step (as `tuner budget --graph-captured`).
     """
     from tuner import shapetable
     from tuner.device import DEVICES_DIR, load_profile
@@ -1383,7 +1386,8 @@ def search(shapes_path: str | Path, family: str, *, device=None, storage: str | 
     profile = device if hasattr(device, "backend") else load_profile(device)
     table = shapetable.read(shapes_path)
     plans, skipped = plan_studies(table, family, profile, threshold=threshold,
-                                  parity_mode=parity_mode, source=str(shapes_path))
+                                  parity_mode=parity_mode, source=str(shapes_path),
+                                  graph_captured=graph_captured)
     for key, reason in skipped:
         info(f"skip {key}: {reason}")
     if not plans:
