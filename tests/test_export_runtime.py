@@ -294,3 +294,14 @@ def test_serving_entry_points_run_torch_on_a_miss(loader):
     misses = runtime.miss_counts()
     assert misses["gemm"] == {"m=17,n=33,k=40,dtype=bfloat16,layout=NT": 1}
     assert len(misses["attention"]) == 1
+
+
+def test_vllm_files_keep_bias_and_plain_linears_apart():
+    doc = {"device": {"name": "NVIDIA H200"}, "family": "gemv", "configs": {
+        "a": {"shape": {"m": 4, "n": 896, "k": 896, "dtype": "bfloat16"}, "config": {"R": 1}},
+        "b": {"shape": {"m": 4, "n": 896, "k": 896, "dtype": "bfloat16", "bias": 1},
+              "config": {"R": 2}}}}
+    files = export.vllm_documents(doc)
+    assert files == {
+        "N=896,K=896,device_name=NVIDIA_H200,dtype=bfloat16.json": {"4": {"R": 1}},
+        "N=896,K=896,device_name=NVIDIA_H200,dtype=bfloat16,bias=1.json": {"4": {"R": 2}}}

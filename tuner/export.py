@@ -153,6 +153,8 @@ def vllm_documents(doc: dict) -> dict[str, dict]:
         name = f"N={shape['n']},K={shape['k']},device_name={device},dtype={shape['dtype']}"
         if shape.get("layout") and doc["family"] == "gemm":
             name += f",layout={shape['layout']}"
+        if shape.get("bias"):  # a linear with bias is tuned as its own shape (kernels.gemv)
+            name += ",bias=1"
         files.setdefault(name + ".json", {})[str(shape["m"])] = entry["config"]
     return {name: dict(sorted(ms.items(), key=lambda kv: int(kv[0])))
             for name, ms in files.items()}
