@@ -341,9 +341,9 @@ def _add_search(sub) -> None:
     p.add_argument("--min-saving", metavar="THRESHOLD", default="0.5%",
                    help="budget threshold: search a shape if it can save this per token: a share of "
                    "the step (0.5%%) or a time (40us); default 0.5%%")
-    p.add_argument("--parity", choices=("tolerance", "exact"), default="tolerance",
-                   help="which outputs are feasible: within the dtype's tolerance (default) or "
-                   "bit-identical to the default config")
+    p.add_argument("--parity", choices=("exact", "tolerance"), default="exact",
+                   help="which outputs are feasible: bit-identical to the default config's "
+                   "(default, as rank's default gate) or within the dtype's tolerance")
     p.add_argument("--graph-captured", action="store_true",
                    help="budget against the step's GPU-busy time (a server that replays the step "
                    "as a CUDA graph) instead of its wall time, as `tuner budget --graph-captured`")

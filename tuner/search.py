@@ -208,7 +208,7 @@ class StudyPlan:
     default_config: dict
     weight: float  # headroom µs per token: the share of the time budget
     valid_keys: tuple[str, ...]  # every config the space allows, as config_key strings
-    parity_mode: str = "tolerance"
+    parity_mode: str = "exact"
     attrs: dict = field(default_factory=dict)  # calls_per_step, step_us, hit_rate, phase, source
 
     @property
@@ -250,7 +250,7 @@ def backend_of(profile) -> str:
 
 
 def make_plan(*, family: str, shape: dict, shape_key: str, device_key: str, backend: str, space,
-              default_config: dict, weight: float, parity_mode: str = "tolerance",
+              default_config: dict, weight: float, parity_mode: str = "exact",
               attrs: dict | None = None) -> StudyPlan:
     """A plan for one shape; checks the space and the default config."""
     valid = space.configs(shape)
@@ -275,7 +275,7 @@ def _full_config(default: dict, params: dict) -> dict:
     return {**default, **params}
 
 
-def plan_studies(table, family: str, profile, *, threshold=None, parity_mode: str = "tolerance",
+def plan_studies(table, family: str, profile, *, threshold=None, parity_mode: str = "exact",
                  source: str = "", spaces_dir: Path | None = None, graph_captured: bool = False
                  ) -> tuple[list[StudyPlan], list[tuple[str, str]]]:
     """Budget the table's rows of `family` on `profile`; a plan per surviving shape.
@@ -924,7 +924,7 @@ def _run_trial(trial, plan: StudyPlan, state: StudyState, objective: Objective, 
     return _record(trial, result, outcome, plan.parity_mode)
 
 
-def _record(trial, result: TrialResult, outcome: dict, parity_mode: str = "tolerance") -> float:
+def _record(trial, result: TrialResult, outcome: dict, parity_mode: str = "exact") -> float:
     outcome["fatal"] = bool(result.fatal)
     if result.failure:
         trial.set_user_attr("failure", str(result.failure))
@@ -1356,7 +1356,7 @@ def format_summary(summary: SearchSummary) -> str:
 # ----------------------------------------------------------------------------- the whole stage
 def search(shapes_path: str | Path, family: str, *, device=None, storage: str | None = None,
            timeout_s: float | None = None, trials: int | None = None, gpus: list[str] | None = None,
-           sampler: str = "tpe", threshold=None, seed: int = 0, parity_mode: str = "tolerance",
+           sampler: str = "tpe", threshold=None, seed: int = 0, parity_mode: str = "exact",
            trial_timeout_s: float = 600.0, objective_factory: ObjectiveFactory | str | None = None,
            progress: bool = True, heartbeat_s: int = 10, grace_s: int = 60,
            graph_captured: bool = False) -> SearchSummary:
