@@ -529,3 +529,15 @@ def test_graph_captured_budget_keeps_the_decode_linears_of_an_eager_trace():
         "m=4,n=128,k=896,dtype=bfloat16,bias=1", "m=4,n=4864,k=896,dtype=bfloat16",
         "m=4,n=896,k=4864,dtype=bfloat16", "m=4,n=896,k=896,dtype=bfloat16",
         "m=4,n=896,k=896,dtype=bfloat16,bias=1"]
+
+
+def test_was_enqueued_reads_the_queued_params_of_a_live_trial():
+    """The --trials cap puts a queued config back when its trial steps back; Optuna 5's Trial has
+    no system_attrs (a worker crashed on it under PostgreSQL with two workers)."""
+    import optuna
+
+    study = optuna.create_study()
+    study.enqueue_trial({"x": 1})
+    queued = study.ask()
+    assert search._was_enqueued(queued)
+    assert not search._was_enqueued(study.ask())

@@ -866,6 +866,13 @@ def _slice_s(settings: SearchSettings, n_plans: int) -> float:
     return 60.0
 
 
+def _was_enqueued(trial) -> bool:
+    """Whether the trial runs a queued config (Optuna keeps it as the 'fixed_params' system
+    attribute; Optuna 5's Trial no longer exposes system_attrs, its frozen copy does)."""
+    frozen = trial.study._storage.get_trial(trial._trial_id)
+    return "fixed_params" in frozen.system_attrs
+
+
 def _check_trial_cap(trial, plan: StudyPlan, trials: int, params: dict, outcome: dict) -> None:
     """Near --trials, workers that picked the study at the same moment could overshoot: the
     trials that started later step back (FAIL 'skipped', not counted; a queued config goes back
@@ -880,7 +887,7 @@ def _check_trial_cap(trial, plan: StudyPlan, trials: int, params: dict, outcome:
                           and t.datetime_start is not None and (t.datetime_start, t.number) < mine)
     if state.measured + earlier_running < trials:
         return
-    if "fixed_params" in trial.system_attrs:
+    if _was_enqueued(trial):
         trial.study.enqueue_trial(params, user_attrs={k: v for k, v in trial.user_attrs.items()
                                                       if k in ("role", "retry_of")})
     trial.set_user_attr("failure", SKIPPED + " --trials reached by other workers")
