@@ -67,6 +67,32 @@ def get_family(name: str) -> KernelFamily:
     return module.FAMILY
 
 
+def run_without_interpreter(function: str, request: dict):
+    """Call ``function`` ('module:name', taking and returning plain JSON data) in a child Python
+    without TRITON_INTERPRET and return its result.
+
+    For compiling kernels for real targets (triton.compile) from a process that imported Triton
+    under TRITON_INTERPRET=1: there triton.language's own jit functions are interpreter objects
+    that the compiler cannot use. The child prints its result as the last line of stdout.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    module, name = function.split(":")
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    code = (f"import json, sys; from {module} import {name}; "
+            f"print(json.dumps({name}(json.loads(sys.stdin.read()))))")
+    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(request),
+                          capture_output=True, text=True, env=env, cwd=root, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compile child failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def format_shape_key(shape: dict, order: tuple[str, ...]) -> str:
     """Shared helper for ``shape_key``: 'a=1,b=2' in a fixed order, skipping absent keys."""
     return ",".join(f"{k}={shape[k]}" for k in order if k in shape)

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import KernelFamily, format_shape_key
+from kernels import KernelFamily, format_shape_key, run_without_interpreter
 from tuner import runtime
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -599,40 +599,25 @@ def compile_configs(family: str, jobs: list[tuple[dict, dict]], target) -> list:
     reason string. Runs in this process when it can, else in one clean subprocess (without
     TRITON_INTERPRET) for all jobs.
     """
-    import json
-    import subprocess
-    import sys
-
     if _compiler_usable_here():
         return _compile_in_process(family, jobs, target)
-    payload = json.dumps({"family": family, "jobs": jobs,
-                          "target": [target.backend, target.arch, target.warp_size]})
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", "from kernels.gemm import _compile_worker; _compile_worker()"],
-                          input=payload, capture_output=True, text=True, env=env, cwd=root)
-    if proc.returncode != 0:
-        raise RuntimeError(f"compile subprocess failed: {proc.stderr.strip()[-2000:]}")
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    request = {"family": family, "jobs": jobs,
+               "target": [target.backend, target.arch, target.warp_size]}
+    rows = run_without_interpreter("kernels.gemm:_compile_request", request)
     return [row if isinstance(row, str) else [CompileReport(**r) for r in row] for row in rows]
 
 
-def _compile_worker() -> None:
-    """stdin: {"family", "jobs", "target"} as JSON; stdout: one JSON line of results."""
+def _compile_request(request: dict) -> list:
+    """compile_configs in a child process (run_without_interpreter): JSON in, JSON out."""
     import dataclasses
-    import json
-    import sys
 
     from triton.backends.compiler import GPUTarget
 
-    request = json.loads(sys.stdin.read())
-    target = GPUTarget(*request["target"])
     if not _compiler_usable_here():
         raise SystemExit("triton.language was imported in interpreter mode; unset TRITON_INTERPRET")
+    target = GPUTarget(*request["target"])
     results = _compile_in_process(request["family"], [tuple(job) for job in request["jobs"]], target)
-    print(json.dumps([row if isinstance(row, str) else [dataclasses.asdict(r) for r in row]
-                      for row in results]))
+    return [row if isinstance(row, str) else [dataclasses.asdict(r) for r in row] for row in results]
 
 
 # ----------------------------------------------------------------------------------------------

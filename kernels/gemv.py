@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import KernelFamily, format_shape_key
+from kernels import KernelFamily, format_shape_key, run_without_interpreter
 from tuner import runtime
 
 MAX_M = 8
@@ -544,11 +544,6 @@ def compile_configs(items: list[tuple[dict, dict]], target, with_asm: bool = Fal
     TRITON_INTERPRET=1 (its jit functions, tl.sum's combine function included, are then
     interpreter objects that cannot be compiled), the compiles run in one child process
     without the interpreter. A config that fails to compile gives {"error": reason}."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     if not _interpreting_here():
         results = []
         for config, shape in items:
@@ -560,31 +555,15 @@ def compile_configs(items: list[tuple[dict, dict]], target, with_asm: bool = Fal
                 res.pop("asm", None)
             results.append(res)
         return results
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     request = {"target": [target.backend, target.arch, target.warp_size], "with_asm": with_asm,
                "items": [[config, shape] for config, shape in items]}
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.run([sys.executable, "-m", "kernels.gemv", "--compile-json"],
-                          input=json.dumps(request), capture_output=True, text=True, env=env,
-                          cwd=root, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"compile child failed: {proc.stderr.strip()[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_without_interpreter("kernels.gemv:_compile_request", request)
 
 
-def _compile_json_main() -> None:
-    import json
-    import sys
-
+def _compile_request(request: dict) -> list[dict]:
+    """compile_configs in a child process (run_without_interpreter): JSON in, JSON out."""
     from triton.backends.compiler import GPUTarget
 
-    request = json.loads(sys.stdin.read())
     backend, arch, warp = request["target"]
-    target = GPUTarget(backend, arch, int(warp))
     items = [(config, shape) for config, shape in request["items"]]
-    print(json.dumps(compile_configs(items, target, with_asm=request["with_asm"])))
-
-
-if __name__ == "__main__" and "--compile-json" in __import__("sys").argv:
-    _compile_json_main()
+    return compile_configs(items, GPUTarget(backend, arch, int(warp)), with_asm=request["with_asm"])
