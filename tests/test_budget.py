@@ -13,8 +13,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tuner import units
+
 from tuner import budget, shapetable
-from tuner.budget import Threshold
+from tuner.units import Threshold
 from tuner.cli import main
 from tuner.device import load_profile, save_profile
 from tuner.errors import TunerError
@@ -103,7 +105,7 @@ def test_rows_without_a_model_keep_the_whole_baseline_as_headroom():
 
 # ------------------------------------------------------------------------------ headroom and verdict
 def test_headroom_per_token_share_and_default_verdict_by_hand():
-    result = budget.compute(table(gemm_row()), H200, threshold=budget.DEFAULT_THRESHOLD)
+    result = budget.compute(table(gemm_row()), H200, threshold=units.DEFAULT_THRESHOLD)
     row = result.iloc[0]
     # per call: 5 - 0.33749 = 4.66251 µs; per token: x 24 calls x hit rate 1 = 111.90 µs
     assert row["headroom_us_per_call"] == pytest.approx(4.66251, rel=1e-4)
@@ -131,7 +133,7 @@ def test_threshold_in_us_and_hit_rate_move_the_decision():
 
 
 def test_graph_captured_budgets_against_gpu_busy_time():
-    result = budget.compute(table(gemm_row()), H200, threshold=budget.DEFAULT_THRESHOLD,
+    result = budget.compute(table(gemm_row()), H200, threshold=units.DEFAULT_THRESHOLD,
                             graph_captured=True)
     # 111.9 µs / 4000 µs GPU busy = 2.80%; 0.5 x 2.80% = 1.40% >= 0.5% -> keep
     assert result.at[0, "headroom_share"] == pytest.approx(0.027975, rel=1e-3)
@@ -150,7 +152,7 @@ def test_baseline_at_or_below_the_floor_is_pruned_with_its_reason():
 
 def test_cpu_only_rows_are_kept_and_say_why():
     result = budget.compute(table(gemm_row(us_per_call=math.nan)), H200,
-                            threshold=budget.DEFAULT_THRESHOLD)
+                            threshold=units.DEFAULT_THRESHOLD)
     assert math.isnan(result.at[0, "baseline_us"])
     assert result.at[0, "verdict"] == "keep"
     assert "no GPU time" in result.at[0, "reason"] and "--measure" in result.at[0, "reason"]
@@ -173,7 +175,7 @@ def test_ranking_and_surviving_rows():
 
 
 def test_budget_parquet_roundtrip(tmp_path):
-    result = budget.compute(table(gemm_row()), H200, threshold=budget.DEFAULT_THRESHOLD)
+    result = budget.compute(table(gemm_row()), H200, threshold=units.DEFAULT_THRESHOLD)
     back = budget.read(budget.write(result, tmp_path / "b.parquet"))
     assert list(back.columns) == list(result.columns)
     assert back.at[0, "verdict"] == "prune"
@@ -239,24 +241,24 @@ def test_estimate_bad_input_is_one_line_exit_2(capsys, argv, match):
 
 # --------------------------------------------------------------------------------- parsing units
 def test_parse_units():
-    assert budget.parse_bandwidth("4.8TB/s") == pytest.approx(4.8e12)
-    assert budget.parse_bandwidth("4800 GB/s") == pytest.approx(4.8e12)
-    assert budget.parse_bandwidth("1TiB/s") == 2.0**40
-    assert budget.parse_matmul_rate("989TFLOPs") == pytest.approx(989e12)
-    assert budget.parse_matmul_rate("989 TFLOP/s") == pytest.approx(989e12)
-    assert budget.parse_matmul_rate("1.3PFLOPS") == pytest.approx(1.3e15)
-    assert budget.parse_threshold("0.5%") == Threshold(share=0.005)
-    assert budget.parse_threshold("40us") == Threshold(us_per_token=40.0)
-    assert budget.parse_threshold("40µs") == Threshold(us_per_token=40.0)
-    assert budget.parse_threshold("0.04ms").us_per_token == pytest.approx(40.0)
+    assert units.parse_bandwidth("4.8TB/s") == pytest.approx(4.8e12)
+    assert units.parse_bandwidth("4800 GB/s") == pytest.approx(4.8e12)
+    assert units.parse_bandwidth("1TiB/s") == 2.0**40
+    assert units.parse_matmul_rate("989TFLOPs") == pytest.approx(989e12)
+    assert units.parse_matmul_rate("989 TFLOP/s") == pytest.approx(989e12)
+    assert units.parse_matmul_rate("1.3PFLOPS") == pytest.approx(1.3e15)
+    assert units.parse_threshold("0.5%") == Threshold(share=0.005)
+    assert units.parse_threshold("40us") == Threshold(us_per_token=40.0)
+    assert units.parse_threshold("40µs") == Threshold(us_per_token=40.0)
+    assert units.parse_threshold("0.04ms").us_per_token == pytest.approx(40.0)
     for bad in ("abc", "40", "-1%", "0us", "5 parsecs", "nan%"):
         with pytest.raises(TunerError):
-            budget.parse_threshold(bad)
+            units.parse_threshold(bad)
     for bad in ("-4.8TB/s", "4.8", "fast", "0GB/s"):
         with pytest.raises(TunerError):
-            budget.parse_bandwidth(bad)
+            units.parse_bandwidth(bad)
     with pytest.raises(TunerError):
-        budget.parse_matmul_rate("989 TB/s")
+        units.parse_matmul_rate("989 TB/s")
 
 
 # --------------------------------------------------------------------------------- tuner budget CLI
@@ -314,14 +316,23 @@ def test_budget_cli_measure_without_gpu_is_one_line(tmp_path, capsys):
     (["--device", "h200", "--min-saving", "40"], "cannot read --min-saving"),
     (["--device", "h200", "--hit-rate", "1.5"], "hit rate must be in (0, 1]"),
     (["--device", "h200", "--hit-rate", "0"], "--hit-rate must be a positive"),
-    (["--device", "h200", "--safety", "2"], "safety factor must be in (0, 1]"),
+    (["--device", "h200", "--safety", "2"], "--safety must be in (0, 1]"),
     (["--device", "h200", "--phase", "prefill"], "no prefill rows; phases present: decode"),
 ])
 def test_budget_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, extra, match):
     monkeypatch.chdir(tmp_path)  # no saved profiles under artifacts/devices here
-    shapes = shapetable.write(table(gemm_row()), tmp_path / "s.parquet")
+    # a device no spec profile matches: without --device there is no profile to pick
+    shapes = shapetable.write(table(gemm_row(device="Some Unknown GPU")), tmp_path / "s.parquet")
     code, _, err = run_cli(capsys, "budget", str(shapes), *extra)
     assert_one_line_error(code, err, match)
+
+
+def test_budget_cli_picks_the_tables_device_without_device_flag(tmp_path, capsys, monkeypatch):
+    """As `tuner run` does: the table's device name picks its spec profile, labelled as such."""
+    monkeypatch.chdir(tmp_path)
+    shapes = shapetable.write(table(gemm_row()), tmp_path / "s.parquet")
+    code, out, _ = run_cli(capsys, "budget", str(shapes), "-o", str(tmp_path / "b.parquet"))
+    assert code == 0 and "NVIDIA H200 (spec)" in out and "not measured" in out
 
 
 def test_budget_cli_empty_table_and_bad_rows(tmp_path, capsys):
@@ -357,7 +368,7 @@ EXAMPLE = shapetable.read(Path(__file__).resolve().parent.parent / "shapes" / "e
 
 
 def test_example_default_threshold_prunes_everything_and_says_launch_bound():
-    result = budget.compute(EXAMPLE, H200, threshold=budget.DEFAULT_THRESHOLD)
+    result = budget.compute(EXAMPLE, H200, threshold=units.DEFAULT_THRESHOLD)
     assert len(result) == len(EXAMPLE) and (result["verdict"] == "prune").all()
     decode = result[result["phase"] == "decode"]
     assert decode["launch_bound"].all()
@@ -376,7 +387,7 @@ def test_example_default_threshold_prunes_everything_and_says_launch_bound():
 
 def test_example_graph_captured_keeps_the_decode_linears_only():
     decode = EXAMPLE[EXAMPLE["phase"] == "decode"]
-    result = budget.compute(decode, H200, threshold=budget.DEFAULT_THRESHOLD, graph_captured=True)
+    result = budget.compute(decode, H200, threshold=units.DEFAULT_THRESHOLD, graph_captured=True)
     kept = budget.surviving(result)
     # the five decode linears (k/v, gate/up, down, q, o): 0.5 x headroom >= 0.5% of 2198 µs = 11 µs
     assert sorted(zip(kept["op"], kept["n"], kept["k"])) == [
@@ -438,7 +449,7 @@ def test_measure_on_the_gpu_gives_positive_baselines():
 
 def test_rows_that_cannot_be_judged_are_kept_with_the_reason():
     rows = table(gemm_row(calls_per_step=math.nan), gemm_row(n=4864, step_us=math.nan))
-    result = budget.compute(rows, H200, threshold=budget.DEFAULT_THRESHOLD)
+    result = budget.compute(rows, H200, threshold=units.DEFAULT_THRESHOLD)
     reasons = dict(zip(result["n"], result["reason"]))
     assert (result["verdict"] == "keep").all()
     assert "calls per step unknown" in reasons[896]
@@ -471,6 +482,6 @@ def test_budget_cli_finds_a_saved_measured_profile_for_the_tables_device(tmp_pat
     shapes = shapetable.write(table(gemm_row()), tmp_path / "s.parquet")
     code, out, _ = run_cli(capsys, "budget", str(shapes), "-o", str(tmp_path / "b.parquet"))
     assert code == 0
-    assert "measured 2026-11-29T12:00:00Z" in out and "matching the table's device 'NVIDIA H200'" in out
+    assert "measured 2026-11-29T12:00:00Z" in out and "for the device 'NVIDIA H200'" in out
     # 1619968 B / 4.0e12 B/s = 0.404992 µs
     assert budget.read(tmp_path / "b.parquet").at[0, "floor_us"] == pytest.approx(0.404992, rel=1e-5)

@@ -20,6 +20,8 @@ import pytest  # noqa: E402
 from tuner import rank  # noqa: E402
 from tuner.cli import main  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
+from tuner import units  # noqa: E402
+from tuner.device import choose_profile  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -200,12 +202,12 @@ def test_one_winner_per_shape_others_are_runners_up():
 
 
 def test_threshold_text_follows_budget():
-    assert rank.parse_threshold("0.5%") == rank.Threshold(share=0.005)
-    assert rank.parse_threshold("40us") == rank.Threshold(us_per_token=40.0)
-    assert rank.parse_threshold("0.04ms") == rank.Threshold(us_per_token=40.0)
-    assert rank.parse_threshold(None) == rank.Threshold(share=0.005)
+    assert units.parse_threshold("0.5%") == units.Threshold(share=0.005)
+    assert units.parse_threshold("40us") == units.Threshold(us_per_token=40.0)
+    assert units.parse_threshold("0.04ms") == units.Threshold(us_per_token=40.0)
+    assert units.parse_threshold(None) == units.Threshold(share=0.005)
     with pytest.raises(TunerError):
-        rank.parse_threshold("lots")
+        units.parse_threshold("lots")
 
 
 # ------------------------------------------------------------------- studies -> rank -> files

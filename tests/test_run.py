@@ -20,6 +20,8 @@ import pytest  # noqa: E402
 from tuner import rank, report, runtime  # noqa: E402
 from tuner.cli import main  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
+from tuner import units  # noqa: E402
+from tuner.device import choose_profile  # noqa: E402
 
 from conftest import EXAMPLES  # noqa: E402
 
@@ -87,30 +89,30 @@ def test_run_bad_input_is_one_line(tmp_path, capsys):
 
 
 def test_parse_duration():
-    assert report.parse_duration("30m") == 1800
-    assert report.parse_duration("1h30m") == 5400
-    assert report.parse_duration("90s") == 90
-    assert report.parse_duration("45") == 45
+    assert units.parse_duration("30m") == 1800
+    assert units.parse_duration("1h30m") == 5400
+    assert units.parse_duration("90s") == 90
+    assert units.parse_duration("45") == 45
     for bad in ("0", "-5m", "5 minutes", ""):
         with pytest.raises(TunerError):
-            report.parse_duration(bad)
+            units.parse_duration(bad)
 
 
 def test_profile_choice(tmp_path, monkeypatch):
     from tuner.device import load_profile, save_profile
 
     monkeypatch.chdir(tmp_path)
-    profile, label = report.choose_profile(None, ["NVIDIA H100 80GB HBM3"])
+    profile, label = choose_profile(None, ["NVIDIA H100 80GB HBM3"])
     assert profile.source == "spec" and "H100" in profile.name and "not measured" in label
     with pytest.raises(TunerError, match="give --device"):
-        report.choose_profile(None, ["Some Unknown GPU"])
+        choose_profile(None, ["Some Unknown GPU"])
     # a measured profile for the trace's device wins over the spec one
     measured = load_profile("h200")
     measured.name, measured.source = "NVIDIA H200", "measured"
     save_profile(measured)
-    profile, label = report.choose_profile(None, ["NVIDIA H200"])
+    profile, label = choose_profile(None, ["NVIDIA H200"])
     assert profile.source == "measured" and "measured profile" in label
-    profile, label = report.choose_profile("mi300x", ["NVIDIA H200"])
+    profile, label = choose_profile("mi300x", ["NVIDIA H200"])
     assert profile.arch == "gfx942" and "--device" in label
 
 

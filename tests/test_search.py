@@ -27,6 +27,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tuner import units
+
 from tuner import search, shapetable
 from tuner.cli import main
 from tuner.errors import TunerError
@@ -463,7 +465,7 @@ def test_cli_refuses_cmaes_and_bad_flags_with_one_line(tmp_path, capsys):
     assert len(err) == 1 and "categorical" in err[0]
     assert main(["search", str(path), "--device", "h200", "--timeout", "8 hours"]) == 2
     assert "duration" in capsys.readouterr().err
-    assert search.parse_duration("1h30m") == 5400 and search.parse_duration("45") == 45
+    assert units.parse_duration("1h30m") == 5400 and units.parse_duration("45") == 45
     with pytest.raises(TunerError):
         search.parse_gpus(",")
 

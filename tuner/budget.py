@@ -22,8 +22,6 @@ Every number here is in µs, bytes, flops, bytes/s or flop/s; shares are fractio
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -31,6 +29,7 @@ import pandas as pd
 from .device import DeviceProfile
 from .errors import NoGPUError, TunerError, warn
 from .tables import read_parquet, write_parquet
+from .units import DEFAULT_THRESHOLD, Threshold, is_number, pct as _pct
 
 # Bytes per element for the dtype names a trace can carry (torch names, c10 names, short names).
 DTYPE_BYTES: dict[str, int] = {
@@ -56,135 +55,7 @@ BIAS_OPS = ("aten::addmm", "aten::baddbmm")
 # step gets no shorter until it is graph-captured (CUDA/HIP graphs).
 LAUNCH_BOUND_GPU_BUSY = 0.60
 
-# Default threshold (docs/budget.md explains the choice):
-# keep a shape when half its headroom still moves the step by at least 0.5%.
-DEFAULT_SHARE = 0.005
-DEFAULT_SAFETY = 0.5
-
 PHASE_ORDER = {"decode": 0, "prefill": 1, "other": 2}
-
-
-def _is_number(value) -> bool:
-    """A finite real number (int, float or numpy scalar; not bool, not a string)."""
-    try:
-        return not isinstance(value, (bool, str)) and math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False
-
-
-@dataclass(frozen=True)
-class Threshold:
-    """What a shape must be able to save per step to be worth a search.
-
-    Exactly one of `us_per_token` (µs per step) or `share` (fraction of the step time) is set.
-    `safety` is the part of the headroom a real kernel is assumed to reach in a real step:
-    a shape is kept when safety × headroom reaches the threshold.
-    """
-
-    us_per_token: float | None = None
-    share: float | None = None
-    safety: float = DEFAULT_SAFETY
-
-    def __post_init__(self):
-        if (self.us_per_token is None) == (self.share is None):
-            raise TunerError("a budget threshold needs exactly one of: µs per token, share of the step")
-        value = self.us_per_token if self.share is None else self.share
-        if not (_is_number(value) and value > 0):
-            raise TunerError(f"the budget threshold must be a positive number, got {value!r}")
-        if self.share is not None and self.share >= 1:
-            raise TunerError(f"a threshold share of the step must be below 100%, got {self.share:.4g}")
-        if not (_is_number(self.safety) and 0 < self.safety <= 1):
-            raise TunerError(f"the safety factor must be in (0, 1], got {self.safety!r}")
-
-    def describe(self) -> str:
-        if self.share is not None:
-            target = f"{_pct(self.share)} of the step"
-        else:
-            target = f"{self.us_per_token:g} us per token"
-        return f"keep a shape if {self.safety:g} x its headroom >= {target}"
-
-
-DEFAULT_THRESHOLD = Threshold(share=DEFAULT_SHARE, safety=DEFAULT_SAFETY)
-
-
-# ------------------------------------------------------------------------------- parsing numbers
-_NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
-
-_TIME_UNITS = {"us": 1.0, "µs": 1.0, "μs": 1.0, "ms": 1000.0, "s": 1e6}
-_BANDWIDTH_UNITS = {"b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12,
-                    "kib/s": 2.0**10, "mib/s": 2.0**20, "gib/s": 2.0**30, "tib/s": 2.0**40}
-_RATE_PREFIXES = {"": 1.0, "g": 1e9, "t": 1e12, "p": 1e15}
-
-
-def _split(text: str, what: str, example: str) -> tuple[float, str]:
-    match = re.fullmatch(_NUMBER + r"\s*(.*)", str(text).strip())
-    if not match:
-        raise TunerError(f"cannot read {what} {text!r}: expected a number with a unit, e.g. {example}")
-    value = float(match.group(1))
-    if not math.isfinite(value):
-        raise TunerError(f"cannot read {what} {text!r}: not a finite number")
-    return value, match.group(2).strip()
-
-
-def parse_threshold(text: str, safety: float = DEFAULT_SAFETY) -> Threshold:
-    """'0.5%' -> share of the step; '40us' / '40µs' / '0.04ms' -> µs per token (per step)."""
-    value, unit = _split(text, "--min-saving", "0.5% or 40us")
-    if value <= 0:
-        raise TunerError(f"--min-saving must be positive, got {text!r}")
-    if unit == "%":
-        return Threshold(share=value / 100.0, safety=safety)
-    scale = _TIME_UNITS.get(unit) or _TIME_UNITS.get(unit.lower())
-    if scale is not None:
-        return Threshold(us_per_token=value * scale, safety=safety)
-    raise TunerError(f"cannot read --min-saving {text!r}: give a share like 0.5% or a time per "
-                     f"token like 40us or 0.04ms")
-
-
-def parse_bandwidth(text: str) -> float:
-    """'4.8TB/s', '4800 GB/s', '3.2TiB/s' -> bytes per second (decimal TB unless TiB)."""
-    value, unit = _split(text, "--bandwidth", "4.8TB/s")
-    scale = _BANDWIDTH_UNITS.get(unit.lower().replace("ps", "/s"))
-    if scale is None:
-        raise TunerError(f"cannot read --bandwidth {text!r}: give a unit, e.g. 4.8TB/s or 4800GB/s")
-    if value <= 0:
-        raise TunerError(f"--bandwidth must be positive, got {text!r}")
-    return value * scale
-
-
-def parse_matmul_rate(text: str) -> float:
-    """'989TFLOPs', '989 TFLOP/s', '0.99PFLOPS' -> flops per second."""
-    value, unit = _split(text, "--matmul-rate", "989TFLOPs")
-    match = re.fullmatch(r"([gtp]?)flop(?:s|/s)?", unit.lower())
-    if not match:
-        raise TunerError(f"cannot read --matmul-rate {text!r}: give a unit, e.g. 989TFLOPs or "
-                         f"989TFLOP/s")
-    if value <= 0:
-        raise TunerError(f"--matmul-rate must be positive, got {text!r}")
-    return value * _RATE_PREFIXES[match.group(1)]
-
-
-def parse_share(text: str, what: str) -> float:
-    """'0.88' or '88%' -> 0.88."""
-    value, unit = _split(text, what, "0.88 or 88%")
-    if unit == "%":
-        value /= 100.0
-    elif unit:
-        raise TunerError(f"cannot read {what} {text!r}: give a fraction like 0.88 or a percent like 88%")
-    if not 0 < value <= 1:
-        raise TunerError(f"{what} must be a share in (0, 1] (or (0%, 100%]), got {text!r}")
-    return value
-
-
-def parse_positive(text: str, what: str, *, allow_zero: bool = False) -> float:
-    """A plain positive (or, with allow_zero, non-negative) finite number, e.g. --saving-us 3.1."""
-    try:
-        value = float(str(text).strip())
-    except ValueError:
-        raise TunerError(f"{what} must be a number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        kind = "a number >= 0" if allow_zero else "a positive number"
-        raise TunerError(f"{what} must be {kind}, got {text!r}")
-    return value
 
 
 # --------------------------------------------------------------------------------- the model
@@ -262,7 +133,7 @@ def floor_us(nbytes: float, nflops: float, dtype: str, profile: DeviceProfile) -
 def check_profile(profile: DeviceProfile) -> None:
     for field, value in (("read bandwidth", profile.read_bandwidth_bytes_per_s),
                          ("bf16 matmul rate", profile.bf16_matmul_flops_per_s)):
-        if not (_is_number(value) and value > 0):
+        if not (is_number(value) and value > 0):
             raise TunerError(f"device profile {profile.name!r} has no usable {field} ({value!r})")
 
 
@@ -276,46 +147,6 @@ def _check_table(table: pd.DataFrame) -> None:
         if len(bad):
             raise TunerError(f"the shape table has a negative {column} ({bad.iloc[0]:g} in row "
                              f"{bad.index[0]}): not a valid ShapeTable")
-
-
-def resolve_profile(table: pd.DataFrame, *, device: str | None = None,
-                    bandwidth: str | None = None,
-                    matmul_rate: str | None = None) -> tuple[DeviceProfile, str]:
-    """The DeviceProfile to budget `table` with, and where it came from: `device` (a profile
-    JSON, a saved key or a spec name), else a saved `tuner device` profile matching the table's
-    device column, else `bandwidth` with `matmul_rate`; rate overrides are applied last."""
-    import dataclasses
-
-    from .device import DEVICES_DIR, SPEC_PROFILES, load_profile
-
-    bandwidth_bps = parse_bandwidth(bandwidth) if bandwidth else None
-    rate = parse_matmul_rate(matmul_rate) if matmul_rate else None
-    profile, where = None, ""
-    if device:
-        profile = load_profile(device)
-        where = device
-    else:
-        for name in table["device"].dropna().unique():
-            # the key `tuner device` saves it under
-            key = DeviceProfile("", "", str(name), "", 0, 0, 0, 0.0, 0.0).key
-            if key and (DEVICES_DIR / f"{key}.json").exists():
-                profile = load_profile(DEVICES_DIR / f"{key}.json")
-                where = f"{DEVICES_DIR / key}.json, matching the table's device {name!r}"
-                break
-    if profile is None:
-        if bandwidth_bps is None or rate is None:
-            raise TunerError(
-                "no device profile: give --device with a profile JSON from `tuner device`, a saved "
-                f"profile name, or a spec name ({', '.join(sorted(SPEC_PROFILES))}); "
-                "or give both --bandwidth and --matmul-rate")
-        profile = DeviceProfile("", "", "custom", "", 0, 0, 0, bandwidth_bps, rate, source="given")
-        return profile, "--bandwidth and --matmul-rate"
-    if bandwidth_bps is not None or rate is not None:
-        profile = dataclasses.replace(
-            profile, source=f"{profile.source}, overridden",
-            read_bandwidth_bytes_per_s=bandwidth_bps or profile.read_bandwidth_bytes_per_s,
-            bf16_matmul_flops_per_s=rate or profile.bf16_matmul_flops_per_s)
-    return profile, where
 
 
 def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold = DEFAULT_THRESHOLD,
@@ -337,9 +168,9 @@ def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold
     """
     _check_table(table)
     check_profile(profile)
-    if not (_is_number(hit_rate) and 0 < hit_rate <= 1):
+    if not (is_number(hit_rate) and 0 < hit_rate <= 1):
         raise TunerError(f"the hit rate must be in (0, 1], got {hit_rate!r}")
-    if not (_is_number(min_kernel_us) and min_kernel_us >= 0):
+    if not (is_number(min_kernel_us) and min_kernel_us >= 0):
         raise TunerError(f"the minimum kernel time must be >= 0 us, got {min_kernel_us!r}")
 
     rows = []
@@ -496,12 +327,6 @@ def measure_baselines(table: pd.DataFrame) -> pd.Series:
 
 
 # --------------------------------------------------------------------------------------- printing
-def _pct(share: float) -> str:
-    if not math.isfinite(share):
-        return "n/a"
-    return f"{share * 100:.3g}%"
-
-
 def _num(value: float, digits: int = 3) -> str:
     return "n/a" if not math.isfinite(value) else f"{value:.{digits}g}"
 

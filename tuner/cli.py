@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from .errors import TunerError
+from .units import parse_duration, parse_positive, parse_share, parse_threshold
 
 EPILOG = """\
 the day of a user:
@@ -197,12 +198,13 @@ def cmd_budget(args) -> int:
     from pathlib import Path
 
     from . import budget, shapetable
+    from .device import choose_profile
     from .errors import warn
 
-    threshold = budget.parse_threshold(args.min_saving,
-                                       safety=budget.parse_positive(args.safety, "--safety"))
-    hit_rate = budget.parse_positive(args.hit_rate, "--hit-rate")
-    min_kernel_us = budget.parse_positive(args.min_kernel_us, "--min-kernel-us", allow_zero=True)
+    threshold = parse_threshold(args.min_saving,
+                                       safety=parse_positive(args.safety, "--safety"))
+    hit_rate = parse_positive(args.hit_rate, "--hit-rate")
+    min_kernel_us = parse_positive(args.min_kernel_us, "--min-kernel-us", allow_zero=True)
     table = shapetable.read(args.shapes)
     if args.phase != "all":
         present = sorted(table["phase"].dropna().unique())
@@ -210,19 +212,15 @@ def cmd_budget(args) -> int:
         if len(table) == 0:
             raise TunerError(f"{args.shapes} has no {args.phase} rows; phases present: "
                              f"{', '.join(present) or 'none'}")
-    profile, where = budget.resolve_profile(table, device=args.device, bandwidth=args.bandwidth,
-                                            matmul_rate=args.matmul_rate)
+    profile, where = choose_profile(args.device, list(table["device"].dropna().unique()),
+                                    bandwidth=args.bandwidth, matmul_rate=args.matmul_rate)
     measured = budget.measure_baselines(table) if args.measure else None
     result = budget.compute(table, profile, threshold=threshold, hit_rate=hit_rate,
                             graph_captured=args.graph_captured, min_kernel_us=min_kernel_us,
                             baseline_us=measured)
 
-    label = {"spec": "published datasheet peaks, not measured",
-             "given": "rates given on the command line",
-             "measured": f"measured {profile.measured_at}".strip()}.get(profile.source, profile.source)
     print(f"budget of {args.shapes}")
-    print(f"device: {profile.name} -- {label} (from {where}): read "
-          f"{profile.read_bandwidth_bytes_per_s / 1e12:.3g} TB/s, bf16 matmul "
+    print(f"device: {where}: read {profile.read_bandwidth_bytes_per_s / 1e12:.3g} TB/s, bf16 matmul "
           f"{profile.bf16_matmul_flops_per_s / 1e12:.3g} TFLOP/s")
     print(f"threshold: {threshold.describe()}; hit rate {hit_rate:g}; per token = per step of "
           f"the phase")
@@ -283,8 +281,8 @@ def cmd_estimate(args) -> int:
     if amdahl_mode:
         if args.speedup is None or args.share is None:
             raise TunerError("the Amdahl bound needs both --speedup and --share")
-        speedup = budget.parse_positive(args.speedup, "--speedup")
-        share = budget.parse_share(args.share, "--share")
+        speedup = parse_positive(args.speedup, "--speedup")
+        share = parse_share(args.share, "--share")
         whole = budget.amdahl(share, speedup)
         print(f"a {speedup:g}x kernel on {share * 100:.4g}% of the step: the step gets "
               f"{whole:.4g}x faster, its time {(1 - 1 / whole) * 100:.3g}% shorter "
@@ -293,20 +291,20 @@ def cmd_estimate(args) -> int:
 
     if args.calls_per_step is None or (args.step_ms is None) == (args.step_us is None):
         raise TunerError("give --calls-per-step and one of --step-ms / --step-us")
-    calls = budget.parse_positive(args.calls_per_step, "--calls-per-step")
-    step_us = (budget.parse_positive(args.step_ms, "--step-ms") * 1000.0 if args.step_ms is not None
-               else budget.parse_positive(args.step_us, "--step-us"))
-    hit_rate = budget.parse_positive(args.hit_rate, "--hit-rate")
+    calls = parse_positive(args.calls_per_step, "--calls-per-step")
+    step_us = (parse_positive(args.step_ms, "--step-ms") * 1000.0 if args.step_ms is not None
+               else parse_positive(args.step_us, "--step-us"))
+    hit_rate = parse_positive(args.hit_rate, "--hit-rate")
     if hit_rate > 1:
         raise TunerError(f"--hit-rate must be in (0, 1], got {args.hit_rate!r}")
     hits = f" x hit rate {hit_rate:g}" if hit_rate != 1 else ""
     if saving_mode:
-        saving = budget.parse_positive(args.saving_us, "--saving-us")
+        saving = parse_positive(args.saving_us, "--saving-us")
         per_token = budget.saving_per_token(saving, calls, hit_rate)
         print(f"saving per token: {per_token:.4g} us ({saving:g} us x {calls:g} calls{hits})")
         print(f"share of the step: {per_token / step_us * 100:.3g}% of {step_us / 1000:g} ms")
     else:
-        share = budget.parse_share(args.target, "--target")
+        share = parse_share(args.target, "--target")
         needed = budget.saving_per_call_needed(share, step_us, calls, hit_rate)
         print(f"to save {share * 100:.4g}% of a {step_us / 1000:g} ms step "
               f"({share * step_us:.4g} us per token) over {calls:g} calls{hits}: "
@@ -362,15 +360,15 @@ def _add_search(sub) -> None:
 
 
 def cmd_search(args) -> int:
-    from . import budget, search
+    from . import search
 
-    threshold = budget.parse_threshold(args.min_saving)
+    threshold = parse_threshold(args.min_saving)
     summary = search.search(
         args.shapes, args.family, device=args.device, storage=args.storage,
-        timeout_s=search.parse_duration(args.timeout) if args.timeout else None,
+        timeout_s=parse_duration(args.timeout) if args.timeout else None,
         trials=args.trials, gpus=search.parse_gpus(args.gpus), sampler=args.sampler,
         threshold=threshold, seed=args.seed, parity_mode=args.parity,
-        trial_timeout_s=search.parse_duration(args.trial_timeout),
+        trial_timeout_s=parse_duration(args.trial_timeout),
         objective_factory=args.objective, progress=not args.no_progress,
         heartbeat_s=args.heartbeat, grace_s=args.grace, graph_captured=args.graph_captured)
     print(search.format_summary(summary))

@@ -41,7 +41,7 @@ class DeviceProfile:
     @property
     def key(self) -> str:
         """File-system friendly name, e.g. 'nvidia-h200'."""
-        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+        return profile_key(self.name)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -89,7 +89,7 @@ def load_profile(name_or_path: str | Path, directory: str | Path = DEVICES_DIR) 
         elif text.lower() in SPEC_PROFILES:
             return dataclasses.replace(SPEC_PROFILES[text.lower()])
         else:
-            known = ", ".join(sorted(SPEC_PROFILES))
+            known = spec_names()
             raise TunerError(
                 f"unknown device profile {text!r}: give a JSON file from `tuner device`, "
                 f"a saved profile under {directory}, or a spec name ({known})")
@@ -97,6 +97,92 @@ def load_profile(name_or_path: str | Path, directory: str | Path = DEVICES_DIR) 
         return DeviceProfile.from_dict(json.loads(path.read_text()))
     except (json.JSONDecodeError, TypeError) as exc:
         raise TunerError(f"cannot read device profile {path}: {exc}") from None
+
+
+def spec_key_for(device_name: str) -> str | None:
+    """The spec profile whose name matches a trace's device name ('NVIDIA H200' -> 'h200')."""
+    words = set(re.findall(r"[a-z0-9]+", str(device_name).lower()))
+    for key in sorted(SPEC_PROFILES, key=len, reverse=True):
+        if key in words:
+            return key
+    return None
+
+
+def spec_names() -> str:
+    """'a100, h100, h200, mi300x': the spec profile names, for help texts and errors."""
+    return ", ".join(sorted(SPEC_PROFILES))
+
+
+def profile_key(name: str) -> str:
+    """The file-system key a profile of this device name is saved under ('nvidia-h200')."""
+    return re.sub(r"[^a-z0-9]+", "-", str(name).lower()).strip("-")
+
+
+def choose_profile(device: str | Path | None = None, trace_devices=(), *, gpu: bool = False,
+                   bandwidth: str | None = None, matmul_rate: str | None = None,
+                   directory: str | Path | None = None) -> tuple[DeviceProfile, str]:
+    """The DeviceProfile a stage budgets with, and a label that says where it came from.
+
+    One order for every command (budget, search, run, rank):
+    1. `device` (--device): a profile JSON from `tuner device`, a saved profile key or a spec name;
+    2. with `gpu` (the search runs here): the measured profile saved for this machine's GPU;
+    3. a measured profile saved under artifacts/devices for one of `trace_devices` (the shape
+       table's or trace's device names);
+    4. the spec profile matching one of those names (published peaks, labelled as not measured);
+    5. `bandwidth` and `matmul_rate` together (a custom profile);
+    else a TunerError that says what to give. `bandwidth` / `matmul_rate` (e.g. '4.8TB/s',
+    '989TFLOPs') override the chosen profile's rates.
+    """
+    from .units import parse_bandwidth, parse_matmul_rate
+
+    directory = Path(directory) if directory is not None else DEVICES_DIR
+    bandwidth_bps = parse_bandwidth(bandwidth) if bandwidth else None
+    rate = parse_matmul_rate(matmul_rate) if matmul_rate else None
+    names = [str(n) for n in trace_devices
+             if n is not None and str(n).strip().lower() not in ("", "nan", "none", "unknown", "cpu")]
+    profile, label = None, ""
+    if device:
+        profile = load_profile(device, directory)
+        what = ("published datasheet peaks, not measured" if profile.source == "spec"
+                else f"{profile.source} {profile.measured_at}".strip())
+        label = f"{profile.name}: {what} (from --device {device})"
+    else:
+        if gpu:
+            try:
+                names.insert(0, detect()["name"])
+            except TunerError:
+                pass
+        for name in names:
+            path = directory / f"{profile_key(name)}.json"
+            if path.exists():
+                profile = load_profile(path)
+                label = (f"{profile.name} (measured profile {path}, measured "
+                         f"{profile.measured_at or 'at an unknown time'}, for the device {name!r})")
+                break
+        if profile is None:
+            for name in names:
+                key = spec_key_for(name)
+                if key:
+                    profile = load_profile(key, directory)
+                    label = (f"{profile.name}: published datasheet peaks for the device {name!r}, "
+                             f"not measured (run `tuner device` on it for a measured profile, or "
+                             f"give --device)")
+                    break
+    if profile is None:
+        if bandwidth_bps is None or rate is None:
+            seen = ", ".join(repr(n) for n in names) or "none recorded"
+            raise TunerError(f"no device profile (device: {seen}): give --device with a profile "
+                             f"JSON from `tuner device`, a saved profile name or a spec name "
+                             f"({spec_names()}); or both --bandwidth and --matmul-rate")
+        custom = DeviceProfile("", "", "custom", "", 0, 0, 0, bandwidth_bps, rate, source="given")
+        return custom, "rates given on the command line (--bandwidth and --matmul-rate)"
+    if bandwidth_bps is not None or rate is not None:
+        profile = dataclasses.replace(
+            profile, source=f"{profile.source}, overridden",
+            read_bandwidth_bytes_per_s=bandwidth_bps or profile.read_bandwidth_bytes_per_s,
+            bf16_matmul_flops_per_s=rate or profile.bf16_matmul_flops_per_s)
+        label += "; rates given on the command line replace its own"
+    return profile, label
 
 
 # ----------------------------------------------------------------------------------- detection
@@ -144,7 +230,7 @@ def _require_gpu():
         from .errors import NoGPUError
 
         raise NoGPUError("no CUDA or ROCm GPU is visible to torch (torch.cuda.is_available() is "
-                         "False); use a spec profile (h100, h200, a100, mi300x) to screen without one")
+                         f"False); use a spec profile ({spec_names()}) to screen without one")
     return torch
 
 
@@ -307,8 +393,7 @@ def find_saved_profile(directory: str | Path = DEVICES_DIR) -> DeviceProfile | N
         fields = detect()
     except TunerError:
         return None
-    key = re.sub(r"[^a-z0-9]+", "-", fields["name"].lower()).strip("-")
-    path = Path(directory) / f"{key}.json"
+    path = Path(directory) / f"{profile_key(fields['name'])}.json"
     return load_profile(path) if path.exists() else None
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,11 +29,11 @@ import pandas as pd
 
 from .errors import TunerError, info, warn
 from .tables import read_parquet, write_parquet
+from .units import Threshold, parse_threshold
 
 VERDICTS_DIR = Path("artifacts") / "verdicts"
 DEFAULT_MIN_SPEEDUP = 1.01
 DEFAULT_TOP = 3
-DEFAULT_THRESHOLD = "0.5%"  # used only if tuner.budget does not define its own default
 
 # The Verdict table (DESIGN.md), in this order, then the extra columns below.
 VERDICT_COLUMNS = [
@@ -53,78 +52,6 @@ IDENTITY_COLUMNS = [
 EXTRA_COLUMNS = MEASURED_COLUMNS + IDENTITY_COLUMNS
 
 ACCEPT, RUNNER_UP, REJECT = "accept", "runner-up", "reject"
-
-
-# ------------------------------------------------------------------------------------ threshold
-@dataclass(frozen=True)
-class Threshold:
-    """The least projected saving worth shipping: µs per token, or a share of the step."""
-
-    us_per_token: float | None = None
-    share: float | None = None  # fraction of the step, 0.005 = 0.5%
-
-    def passes(self, saving_us_per_token: float, step_us: float) -> bool:
-        if self.us_per_token is not None:
-            return saving_us_per_token >= self.us_per_token
-        if not step_us or step_us <= 0:
-            return False
-        return saving_us_per_token / step_us >= (self.share or 0.0)
-
-    def describe(self) -> str:
-        if self.us_per_token is not None:
-            return f"{self.us_per_token:g} us/token"
-        return f"{(self.share or 0.0) * 100:g}% of the step"
-
-
-def parse_threshold(text) -> Threshold:
-    """The rank threshold, read as tuner.budget reads --min-saving: '0.5%' is a share of the step,
-    '40us' / '40µs' / '0.04ms' µs per token. None: budget's default target (0.5% of the step).
-
-    Budget's safety factor is not applied here: rank compares a *measured* saving, not headroom.
-    """
-    if isinstance(text, Threshold):
-        return text
-    if text is None:
-        text = default_threshold()
-    if isinstance(text, (int, float)):
-        text = f"{text}us"
-    if isinstance(text, str):
-        text = _parse_threshold_text(text)
-    us, share = getattr(text, "us_per_token", None), getattr(text, "share", None)
-    if us is None and share is None:
-        raise TunerError(f"cannot use threshold {text!r}")
-    return Threshold(us_per_token=us, share=share)
-
-
-def _parse_threshold_text(text: str):
-    try:
-        from .budget import parse_threshold as budget_parse
-    except ImportError:
-        budget_parse = None
-    if budget_parse is not None:
-        return budget_parse(text)
-    s = text.strip().lower().replace("µ", "u").replace("μ", "u").replace(" ", "")
-    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)(%|us|ms|s)?", s)
-    if not match or float(match.group(1)) <= 0:
-        raise TunerError(f"cannot read --min-saving {text!r}: give a share like 0.5% or a "
-                         f"time per token like 40us")
-    value, unit = float(match.group(1)), match.group(2) or "us"
-    if unit == "%":
-        return Threshold(share=value / 100.0)
-    return Threshold(us_per_token=value * {"us": 1.0, "ms": 1e3, "s": 1e6}[unit])
-
-
-def default_threshold():
-    """tuner.budget's default target, else 0.5% of the step."""
-    try:
-        from . import budget
-
-        default = getattr(budget, "DEFAULT_THRESHOLD", None)
-        if default is not None:
-            return default
-    except ImportError:
-        pass
-    return DEFAULT_THRESHOLD
 
 
 # ----------------------------------------------------------------------------- inputs / numbers
@@ -333,15 +260,9 @@ def order(table: pd.DataFrame) -> pd.DataFrame:
 def storage_url(storage: str | None) -> str:
     """A storage URL; a plain path means a SQLite file; None means tuner.search's default."""
     if not storage:
-        try:
-            from . import search
+        from . import search
 
-            default = getattr(search, "DEFAULT_STORAGE", None)
-            if default:
-                return storage_url(str(default))
-        except ImportError:
-            pass
-        return storage_url(str(Path("artifacts") / "studies.db"))
+        return search.DEFAULT_STORAGE
     if "://" in storage:
         return storage
     return f"sqlite:///{Path(storage)}"

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .device import choose_profile
+from .units import DEFAULT_THRESHOLD, parse_duration, parse_threshold
 from .errors import TunerError, warn
 
 RUNS_DIR = Path("artifacts") / "run"
@@ -40,24 +42,6 @@ class RunResult:
 
 
 # ------------------------------------------------------------------------------------- helpers
-def parse_duration(text: str | float | int) -> float:
-    """'30m', '4m', '90s', '1h30m', '2h', or plain seconds -> seconds."""
-    if isinstance(text, (int, float)):
-        seconds = float(text)
-    else:
-        s = str(text).strip().lower().replace(" ", "")
-        if re.fullmatch(r"[0-9]*\.?[0-9]+", s):
-            seconds = float(s)
-        else:
-            parts = re.findall(r"([0-9]*\.?[0-9]+)(h|m|s)", s)
-            if not parts or "".join(v + u for v, u in parts) != s:
-                raise TunerError(f"cannot read --timeout {text!r}: give e.g. 30m, 4m, 90s or 1h30m")
-            seconds = sum(float(v) * {"h": 3600, "m": 60, "s": 1}[u] for v, u in parts)
-    if not (seconds > 0 and math.isfinite(seconds)):
-        raise TunerError(f"--timeout must be positive, got {text!r}")
-    return seconds
-
-
 def trace_name(trace: str | Path) -> str:
     name = Path(trace).name
     for suffix in (".gz", ".json", ".trace", ".pt"):
@@ -73,49 +57,6 @@ def have_gpu() -> bool:
         return bool(torch.cuda.is_available())
     except ImportError:
         return False
-
-
-def spec_key_for(device_name: str) -> str | None:
-    """The spec profile whose name matches a trace's device name ('NVIDIA H200' -> 'h200')."""
-    from .device import SPEC_PROFILES
-
-    words = set(re.findall(r"[a-z0-9]+", str(device_name).lower()))
-    for key in sorted(SPEC_PROFILES, key=len, reverse=True):
-        if key in words:
-            return key
-    return None
-
-
-def choose_profile(device: str | None, trace_devices: list[str], gpu: bool = False):
-    """(DeviceProfile, label). --device wins; else a measured profile under artifacts/devices for
-    the trace's device (or this machine's GPU); else the spec profile matching the trace's device
-    name, labelled as such; else ask for --device."""
-    from .device import DEVICES_DIR, SPEC_PROFILES, load_profile
-    from .runtime import current_identity, device_key_for
-
-    if device:
-        profile = load_profile(device)
-        return profile, f"{profile.name} ({profile.source}, from --device {device})"
-    names = [str(n) for n in trace_devices if n and str(n).lower() not in ("nan", "none", "")]
-    ident = current_identity() if gpu else None
-    if ident:  # the search runs here: budget for this machine's GPU first
-        names.insert(0, ident["name"])
-    for name in names:
-        path = DEVICES_DIR / f"{device_key_for(name)}.json"
-        if path.exists():
-            profile = load_profile(path)
-            return profile, f"{profile.name} (measured profile {path})"
-    for name in names:
-        key = spec_key_for(name)
-        if key:
-            profile = load_profile(key)
-            return profile, (f"{profile.name}: published datasheet peaks for the trace's device "
-                             f"{name!r}, not measured (run `tuner device` on it for a measured "
-                             f"profile, or give --device)")
-    seen = ", ".join(repr(n) for n in names) or "none recorded"
-    raise TunerError(f"no device profile for this trace (device: {seen}): give --device with a "
-                     f"profile JSON from `tuner device` or a spec name "
-                     f"({', '.join(sorted(SPEC_PROFILES))})")
 
 
 def harvest_trace(trace: str | Path, top: int = 8) -> pd.DataFrame:
@@ -309,8 +250,7 @@ def run(trace: str | Path, *, family: str = "gemv", timeout: str | float = "30m"
     profile, result.profile_label = choose_profile(device, list(table["device"].dropna().unique()),
                                                    gpu=gpu)
     out(f"device profile: {result.profile_label}")
-    threshold = (budget_mod.parse_threshold(min_saving) if min_saving
-                 else budget_mod.DEFAULT_THRESHOLD)
+    threshold = parse_threshold(min_saving) if min_saving else DEFAULT_THRESHOLD
     budget = budget_mod.compute(table, profile, threshold=threshold,
                                 graph_captured=graph_captured)
     result.budget_path = budget_mod.write(budget, out_dir / "budget.parquet")

@@ -1375,7 +1375,7 @@ def search(shapes_path: str | Path, family: str, *, device=None, storage: str | 
     against the GPU-busy step (as `tuner budget --graph-captured`).
     """
     from tuner import shapetable
-    from tuner.device import DEVICES_DIR, load_profile
+    from tuner.device import choose_profile
 
     check_sampler(sampler)
     if parity_mode not in PARITY_MODES:
@@ -1384,14 +1384,13 @@ def search(shapes_path: str | Path, family: str, *, device=None, storage: str | 
         raise TunerError(f"--trials must be at least 1, got {trials}")
     if timeout_s is not None and timeout_s <= 0:
         raise TunerError("--timeout must be positive")
-    if device is None:
-        saved = sorted(Path(DEVICES_DIR).glob("*.json"))
-        if len(saved) != 1:
-            raise TunerError("give --device: a profile from `tuner device` or a spec name (h200, h100, "
-                             "mi300x)" + (f"; saved: {', '.join(p.stem for p in saved)}" if saved else ""))
-        device = saved[0]
-    profile = device if hasattr(device, "backend") else load_profile(device)
     table = shapetable.read(shapes_path)
+    if hasattr(device, "backend"):
+        profile = device
+    else:
+        profile, label = choose_profile(device, list(table["device"].dropna().unique()),
+                                        gpu=objective_factory is None)
+        info(f"device profile: {label}")
     plans, skipped = plan_studies(table, family, profile, threshold=threshold,
                                   parity_mode=parity_mode, source=str(shapes_path),
                                   graph_captured=graph_captured)
@@ -1423,17 +1422,6 @@ def _check_gpu_stack(family: str) -> None:
         importlib.import_module(f"kernels.{family}")
     except ImportError as exc:
         raise TunerError(f"the GPU objective cannot load: {exc}") from None
-
-
-def parse_duration(text: str) -> float:
-    """'8h', '90m', '30s', '1h30m' or plain seconds -> seconds."""
-    text = str(text).strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms])", text)
-    if not parts or "".join(f"{a}{b}" for a, b in parts) != text.replace(" ", ""):
-        raise TunerError(f"cannot read the duration {text!r}: use e.g. 8h, 90m, 30s or 1h30m")
-    return sum(float(a) * {"h": 3600, "m": 60, "s": 1}[b] for a, b in parts)
 
 
 def parse_gpus(text: str | None) -> list[str] | None:
