@@ -200,7 +200,7 @@ def test_tuner_bench_cli_on_cpu(capsys):
     from tuner.cli import main
 
     rc = main(["bench", "--family", "gemv", "--shape", "m=2,n=37,k=100", "--dtype", "float16",
-               "--device", "cpu", "--cache", "warm", "--groups", "2", "--replays", "1",
+               "--torch-device", "cpu", "--cache", "warm", "--groups", "2", "--replays", "1",
                "--config", "ROWS_PER_BLOCK=4,BLOCK_K=32,SPLIT_K=2", "--sweep",
                "--max-configs", "1", "--top", "2"])
     out = capsys.readouterr().out

@@ -24,6 +24,48 @@ the day of a user:
 """
 
 
+# --------------------------------------------------------------------- flags shared by commands
+# Each flag that several commands take is declared once here, so its meaning, default and help
+# read the same in every command.
+DEFAULT_STORAGE_TEXT = "sqlite:///artifacts/studies.db"
+
+
+def _device_flag(p, what: str) -> None:
+    from .device import spec_names
+
+    p.add_argument("--device", metavar="PROFILE",
+                   help=f"device profile {what}: a JSON from `tuner device`, a saved profile name "
+                   f"or a spec name ({spec_names()}: published peaks, not measured); default: the "
+                   "measured profile of this machine's GPU or of the table's device, else the spec "
+                   "profile matching the device's name")
+
+
+def _family_flag(p, default: str | None = "gemv", what: str = "kernel family to tune") -> None:
+    import kernels
+
+    names = ", ".join(kernels.family_names())
+    p.add_argument("--family", default=default, metavar="NAME",
+                   help=f"{what} ({names}); default {default or 'all'}")
+
+
+def _min_saving_flag(p, what: str) -> None:
+    p.add_argument("--min-saving", metavar="THRESHOLD", default="0.5%",
+                   help=f"{what}: a share of the step (0.5%%) or a time per token (40us, 0.04ms); "
+                   "default 0.5%%")
+
+
+def _storage_flag(p) -> None:
+    p.add_argument("--storage", metavar="URL",
+                   help="Optuna storage: sqlite:///path.db or postgresql://user:pass@host/db (shared "
+                   f"between hosts); a plain path is a SQLite file; default {DEFAULT_STORAGE_TEXT}")
+
+
+def _timeout_flag(p, what: str, default: str | None) -> None:
+    p.add_argument("--timeout", metavar="DURATION", default=default,
+                   help=f"{what}: 8h, 90m, 30s, 1h30m, or a bare number of seconds"
+                   + (f"; default {default}" if default else ""))
+
+
 # ----------------------------------------------------------------------------------------- harvest
 HARVEST_EPILOG = """\
 examples:
@@ -126,7 +168,7 @@ def cmd_device(args) -> int:
 # ------------------------------------------------------------------------------------------- bench
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="time baseline, default and given configs for one shape")
-    p.add_argument("--family", default="gemv", help="kernel family (default gemv)")
+    _family_flag(p, what="kernel family")
     p.add_argument("--shape", required=True, help="e.g. m=1,n=14336,k=5120")
     p.add_argument("--dtype", default=None, help="bfloat16 (default) or float16")
     p.add_argument("--config", action="append", default=[], metavar="KEY=V,...",
@@ -139,11 +181,9 @@ def _add_bench(sub) -> None:
                    help="--sweep a seeded random sample of this many configs (+ the default)")
     p.add_argument("--groups", type=int, default=10, help="timing groups (default 10)")
     p.add_argument("--replays", type=int, default=10, help="graph replays per group (default 10)")
-    p.add_argument("--device-profile", default=None, metavar="PATH",
-                   help="DeviceProfile JSON for the bandwidth share (default: the saved profile "
-                        "of this GPU under artifacts/devices)")
-    p.add_argument("--device", default=None,
-                   help="torch device (default: the current GPU); 'cpu' only with "
+    _device_flag(p, "for the bandwidth share")
+    p.add_argument("--torch-device", default=None, metavar="DEV",
+                   help="torch device to run on (default: the current GPU); 'cpu' only with "
                         "TRITON_INTERPRET=1, to check the command, not to time anything")
     p.set_defaults(func=cmd_bench)
 
@@ -153,7 +193,7 @@ def cmd_bench(args) -> int:
 
     bench.run_command(args.family, args.shape, dtype=args.dtype, configs=args.config,
                       cache=args.cache, groups=args.groups, replays=args.replays,
-                      device=args.device, device_profile=args.device_profile, do_sweep=args.sweep,
+                      device=args.torch_device, device_profile=args.device, do_sweep=args.sweep,
                       max_configs=args.max_configs, top=args.top)
     return 0
 
@@ -167,14 +207,10 @@ def _add_budget(sub) -> None:
         "of the phase) and as a share of the step; keep or prune against --min-saving. "
         "See docs/budget.md.")
     p.add_argument("shapes", help="a ShapeTable parquet from `tuner harvest`")
-    p.add_argument("--device", metavar="PROFILE",
-                   help="a profile JSON from `tuner device`, a saved profile name, or a spec name "
-                   "(a100, h100, h200, mi300x: published peaks, not measured)")
+    _device_flag(p, "for the floors")
     p.add_argument("--bandwidth", metavar="RATE", help="read bandwidth, e.g. 4.8TB/s (overrides)")
     p.add_argument("--matmul-rate", metavar="RATE", help="bf16 matmul rate, e.g. 989TFLOPs (overrides)")
-    p.add_argument("--min-saving", metavar="THRESHOLD", default="0.5%",
-                   help="keep a shape if it can save this per token: a share of the step (0.5%%) "
-                   "or a time (40us, 0.04ms); default 0.5%%")
+    _min_saving_flag(p, "keep a shape if --safety x its headroom saves this per token")
     p.add_argument("--safety", metavar="F", default="0.5",
                    help="part of the headroom a real kernel is assumed to reach (0-1]; default 0.5")
     p.add_argument("--phase", choices=("decode", "prefill", "other", "all"), default="all",
@@ -320,25 +356,18 @@ def _add_search(sub) -> None:
         "device:family:shape) with one worker process per GPU. Running the same command again "
         "resumes. See docs/search.md.")
     p.add_argument("shapes", help="a ShapeTable parquet from `tuner harvest`")
-    p.add_argument("--family", default="gemv", help="kernel family to tune (default gemv)")
-    p.add_argument("--storage", metavar="URL",
-                   help="Optuna storage: sqlite:///path.db (default sqlite:///artifacts/studies.db) "
-                   "or postgresql://user:pass@host/db to share the studies between hosts")
-    p.add_argument("--timeout", metavar="DURATION",
-                   help="wall time of the whole search (8h, 90m, 1h30m), shared among the shapes "
-                   "in proportion to their headroom per token")
+    _family_flag(p)
+    _storage_flag(p)
+    _timeout_flag(p, "wall time of the whole search, shared among the shapes in proportion to "
+                  "their headroom per token", None)
     p.add_argument("--trials", type=int, metavar="N",
                    help="measured trials per shape (default 100 when no --timeout is given)")
     p.add_argument("--gpus", metavar="IDS", help="GPU ids to use, one worker each (default: all visible)")
     p.add_argument("--sampler", default="tpe", choices=("tpe", "grid", "random", "gp", "cmaes"),
                    help="tpe (default, with constraints), grid (every valid config once), random, "
                    "gp; cmaes is refused (categorical space)")
-    p.add_argument("--device", metavar="PROFILE",
-                   help="device profile for the budget and the study names: a JSON from `tuner "
-                   "device`, a saved profile name, or a spec name (h200, h100, mi300x)")
-    p.add_argument("--min-saving", metavar="THRESHOLD", default="0.5%",
-                   help="budget threshold: search a shape if it can save this per token: a share of "
-                   "the step (0.5%%) or a time (40us); default 0.5%%")
+    _device_flag(p, "for the budget and the study names")
+    _min_saving_flag(p, "search a shape if half its headroom saves this per token")
     p.add_argument("--parity", choices=("exact", "tolerance"), default="exact",
                    help="which outputs are feasible: bit-identical to the default config's "
                    "(default, as rank's default gate) or within the dtype's tolerance")
@@ -385,12 +414,9 @@ def _add_rank(sub) -> None:
         ">= --min-speedup, and projected saving per token >= --min-saving. Survivors are ranked "
         "by projected us saved per token; rejected candidates keep their reason. Writes the "
         "verdict table (parquet + markdown). Needs a GPU. See docs/rank_export.md.")
-    p.add_argument("--storage", metavar="URL",
-                   help="Optuna storage with the studies (sqlite:///... or postgresql://...; a "
-                   "plain path is a SQLite file; default: tuner search's default)")
-    p.add_argument("--family", help="rank only this kernel family's studies (gemv, gemm, ...)")
-    p.add_argument("--device", metavar="KEY",
-                   help="rank only studies of this device key (default: this machine's GPU)")
+    _storage_flag(p)
+    _family_flag(p, default=None, what="rank only this kernel family's studies")
+    _device_flag(p, "whose studies to rank (its key names them)")
     p.add_argument("--top", type=int, default=3,
                    help="distinct configs per study to re-measure (default 3)")
     p.add_argument("--parity", choices=("exact", "tolerance"), default="exact",
@@ -399,9 +425,7 @@ def _add_rank(sub) -> None:
     p.add_argument("--min-speedup", type=float, default=1.01,
                    help="the lower confidence bound of the paired speedup must reach this "
                    "(default 1.01)")
-    p.add_argument("--min-saving", metavar="THRESHOLD",
-                   help="least projected saving per token: a share of the step (0.5%%) or a "
-                   "time (40us); default: budget's default (0.5%%)")
+    _min_saving_flag(p, "least measured saving per token to accept")
     p.add_argument("-o", "--output", metavar="DIR", default="artifacts/verdicts",
                    help="where to write <name>.parquet and <name>.md (default artifacts/verdicts)")
     p.add_argument("--name", help="file name stem (default <device>-<family or all>)")
@@ -414,8 +438,11 @@ def cmd_rank(args) -> int:
 
     if args.top < 1:
         raise TunerError(f"--top must be at least 1, got {args.top}")
-    device = args.device
-    if device is None:
+    if args.device:
+        from .device import choose_profile
+
+        device = choose_profile(args.device)[0].device_key
+    else:
         rank._require_gpu()  # the default device is this machine's GPU
         device = (current_identity() or {}).get("key")
     table = rank.rank(args.storage, family=args.family, device=device, top=args.top,
@@ -440,7 +467,7 @@ def _add_export(sub) -> None:
         "reads them. See docs/rank_export.md.")
     p.add_argument("verdicts", nargs="*",
                    help="verdict parquet files (default: every *.parquet under artifacts/verdicts)")
-    p.add_argument("--family", help="export only this family")
+    _family_flag(p, default=None, what="export only this family")
     p.add_argument("--format", choices=("native", "vllm"), default="native",
                    help="vllm: also write vLLM-style N=..,K=..,device_name=..,dtype=...json files "
                    "keyed by M (gemv, gemm)")
@@ -469,16 +496,11 @@ def _add_run(sub) -> None:
         "--timeout, rank the results and export the winners, then summarise. Without a GPU it "
         "harvests, budgets and prints the search plan (exit 0). See docs/rank_export.md.")
     p.add_argument("trace", help="a torch profiler trace (.json / .json.gz)")
-    p.add_argument("--family", default="gemv", help="kernel family to tune (default gemv)")
-    p.add_argument("--timeout", default="30m",
-                   help="search time budget, e.g. 30m, 4m, 1h30m (default 30m)")
-    p.add_argument("--storage", metavar="URL", help="Optuna storage (default: tuner search's)")
-    p.add_argument("--device", metavar="PROFILE",
-                   help="device profile for the budget (default: a measured profile under "
-                   "artifacts/devices for the trace's device, else its spec profile)")
-    p.add_argument("--min-saving", metavar="THRESHOLD",
-                   help="budget and rank threshold: 0.5%% of the step or 40us per token "
-                   "(default 0.5%%)")
+    _family_flag(p)
+    _timeout_flag(p, "search time budget", "30m")
+    _storage_flag(p)
+    _device_flag(p, "for the budget")
+    _min_saving_flag(p, "budget and rank threshold")
     p.add_argument("--graph-captured", action="store_true",
                    help="budget against the GPU-busy step (the step under CUDA/HIP graphs) "
                    "instead of its wall time")

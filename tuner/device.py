@@ -43,6 +43,11 @@ class DeviceProfile:
         """File-system friendly name, e.g. 'nvidia-h200'."""
         return profile_key(self.name)
 
+    @property
+    def device_key(self) -> str:
+        """The key without the '-spec' tag: studies and exports name the device, not the datasheet."""
+        return re.sub(r"-spec$", "", self.key)
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 
@@ -88,6 +93,10 @@ def load_profile(name_or_path: str | Path, directory: str | Path = DEVICES_DIR) 
             path = candidate
         elif text.lower() in SPEC_PROFILES:
             return dataclasses.replace(SPEC_PROFILES[text.lower()])
+        elif any(p.device_key == text.lower() for p in SPEC_PROFILES.values()):
+            # a device key as studies and exports name it ('nvidia-h200'): its spec profile
+            return dataclasses.replace(next(p for p in SPEC_PROFILES.values()
+                                            if p.device_key == text.lower()))
         else:
             known = spec_names()
             raise TunerError(

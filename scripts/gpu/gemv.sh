@@ -44,7 +44,7 @@ fi
 echo
 echo "=== 2b. tuner bench (CLI) on one shape, with a small sweep"
 if [ "${GEMV_SMOKE:-0}" = "1" ]; then
-    timeout 120 python -m tuner.cli bench --shape m=2,n=37,k=100 --dtype float16 --device cpu \
+    timeout 120 python -m tuner.cli bench --shape m=2,n=37,k=100 --dtype float16 --torch-device cpu \
         --cache warm --groups 2 --replays 1 --sweep --max-configs 2 || echo "tuner bench FAILED"
 else
     timeout 90 python -m tuner.cli bench --family gemv --shape m=1,n=14336,k=5120 \
