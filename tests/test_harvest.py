@@ -423,7 +423,7 @@ def test_pure_python_ijson_backend_gives_the_same_table(monkeypatch):
     import ijson.backends.python as slow
 
     fast = harvest.harvest([CPU_TRACE], quiet=True).table
-    monkeypatch.setattr(harvest, "ijson", slow)
+    monkeypatch.setattr(harvest.reading, "ijson", slow)
     pd.testing.assert_frame_equal(harvest.harvest([CPU_TRACE], quiet=True).table, fast)
 
 

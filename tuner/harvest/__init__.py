@@ -1,0 +1,30 @@
+"""`tuner harvest`: real call shapes from torch profiler (Kineto / Chrome) traces.
+
+A trace is read once, streaming, keeping only what the table needs (config.py declares it):
+GEMM/attention CPU ops, runtime launches, GPU activities and step annotations. Then calls are
+chosen among the nested ops and each GPU activity is given to the call that launched it
+(attribution.py), steps come from markers and get a phase (steps.py), and the calls are grouped
+by signature and phase into the ShapeTable (aggregate.py).
+
+Modules: config (what is kept, as data), reading (files, header, the event stream), shapes
+(m/n/k from Input Dims), attribution, steps, trace (one file -> TraceData), aggregate,
+files (directories, ranks), pipeline (`harvest`), printing, live, watch.
+"""
+
+from .aggregate import KEY_FIELDS, aggregate
+from .files import default_output, is_trace_file, resolve_inputs, trace_rank
+from .live import live, load_callable
+from .pipeline import HarvestResult, harvest
+from .printing import format_table, report, summarize
+from .records import Call, Op, Step, TraceData, union_length
+from .shapes import attention_shape, gemm_shape
+from .trace import read_trace
+from .watch import watch
+
+__all__ = [
+    "harvest", "HarvestResult", "report", "summarize", "format_table",
+    "read_trace", "TraceData", "aggregate", "KEY_FIELDS",
+    "resolve_inputs", "default_output", "trace_rank", "is_trace_file",
+    "live", "load_callable", "watch",
+    "gemm_shape", "attention_shape", "union_length", "Op", "Call", "Step",
+]

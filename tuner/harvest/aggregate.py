@@ -1,0 +1,76 @@
+"""Calls of one or more traces (of one rank) -> the ShapeTable: one row per call signature and
+phase, with calls per step, the median GPU time per call and its share of the step."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+import pandas as pd
+
+from .. import shapetable
+from ..errors import TunerError
+from .records import Step, TraceData
+
+__all__ = ["KEY_FIELDS", "aggregate"]
+
+# what makes two calls the same row (with the phase of their step)
+KEY_FIELDS = ("op", "family", "m", "n", "k", "batch", "dtype", "layout",
+              "heads", "kv_heads", "q_len", "kv_len", "head_dim")
+
+
+def aggregate(traces: list[TraceData], phase: str | None = None) -> pd.DataFrame:
+    """Group the calls of one or more traces (of one rank) into the ShapeTable."""
+    phase_steps: dict[str, list[Step]] = {}
+    for t in traces:
+        for s in t.steps:
+            phase_steps.setdefault(s.phase, []).append(s)
+    has_gpu = any(t.has_gpu for t in traces)
+    groups: dict = {}
+    for t in traces:
+        for c in t.calls:
+            ph = t.steps[c.step].phase
+            key = tuple(getattr(c, f) for f in KEY_FIELDS) + (ph,)
+            groups.setdefault(key, []).append(c)
+    source = ", ".join(dict.fromkeys(Path(t.path).name for t in traces))
+    device = ", ".join(dict.fromkeys(t.device for t in traces))
+    rows = []
+    for key, cs in groups.items():
+        ph = key[-1]
+        if phase and ph != phase:
+            continue
+        rows.append(_row(dict(zip(KEY_FIELDS, key[:-1])), ph, cs, phase_steps[ph], has_gpu,
+                         source, device))
+    if not rows:
+        found = sorted(phase_steps)
+        raise TunerError(f"no calls in phase {phase!r} (phases in the trace: {', '.join(found)})")
+    df = pd.DataFrame(rows)
+    df = df.sort_values(["share", "calls_per_step", "us_per_call"], ascending=False,
+                        na_position="last", kind="stable")
+    return shapetable.normalize(df)
+
+
+def _row(fields: dict, ph: str, cs: list, st: list[Step], has_gpu: bool, source: str,
+         device: str) -> dict:
+    n_steps = sum(s.weight for s in st)
+    wall = [s.wall_us for s in st for _ in range(s.weight)]
+    busy = [s.gpu_busy_us for s in st for _ in range(s.weight)]
+    step_us = statistics.median(wall) if wall else math.nan
+    timed = [c.gpu_us for c in cs if c.n_kernels]
+    us = statistics.median(timed) if (has_gpu and timed) else math.nan
+    step_gpu = statistics.median(busy) if has_gpu and busy else math.nan
+    cps = len(cs) / n_steps
+    kernels: dict = {}
+    for c in cs:
+        for kn, cnt in c.kernels.items():
+            kernels[kn] = kernels.get(kn, 0) + cnt
+    return dict(
+        **{k: v for k, v in fields.items() if k not in shapetable.ATTENTION_COLUMNS},
+        phase=ph, calls=len(cs), steps=n_steps, calls_per_step=cps, us_per_call=us,
+        step_us=step_us, step_gpu_us=step_gpu,
+        share=(us * cps / step_us) if step_us and step_us > 0 else math.nan,
+        kernels="; ".join(sorted(kernels, key=lambda n: -kernels[n])),
+        source=source, device=device,
+        **{k: fields[k] for k in shapetable.ATTENTION_COLUMNS},
+    )

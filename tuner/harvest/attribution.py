@@ -1,0 +1,185 @@
+"""Which op is a call, and which call (and step) each GPU activity belongs to.
+
+1. GEMM ops nest (linear -> matmul -> mm): by time containment on the same thread, the innermost
+   GEMM-family op is the call; an attention op and everything under it is one attention call.
+2. Each GPU activity goes to the op that launched it: its runtime event (same correlation id) lies
+   inside the op on the same thread; without a runtime event the activity's own External id is
+   used. A split-K reduce kernel is launched inside its GEMM op, so it counts for that GEMM.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from .records import Call, Op, RawTrace, Step
+from .shapes import make_call
+from .steps import step_of
+
+__all__ = ["OpIndex", "index_ops", "select_calls", "GpuSplit", "attribute_activities"]
+
+
+@dataclass
+class OpIndex:
+    """The GEMM/attention ops of a trace, nested per thread, for "which op holds this launch"."""
+    ops: list                # Op, with .parent set
+    by_tid: dict             # tid -> (starts, op indices) sorted by start
+
+    def innermost(self, tid, ts: float) -> int:
+        """The innermost op on thread `tid` whose interval contains `ts`, or -1."""
+        entry = self.by_tid.get(tid)
+        if entry is None:
+            return -1
+        starts, idx = entry
+        j = bisect.bisect_right(starts, ts) - 1
+        if j < 0:
+            return -1
+        # The op that started last before ts contains it, or one of its ancestors does (ops
+        # nest): an op containing ts that started earlier also contains that op.
+        i = idx[j]
+        ops = self.ops
+        while i >= 0:
+            if ops[i].ts <= ts <= ops[i].end:
+                return i
+            i = ops[i].parent
+        return -1
+
+
+def index_ops(ops: list[Op]) -> OpIndex:
+    """Set each op's parent (innermost enclosing GEMM/attention op on its thread)."""
+    by_tid: dict = {}
+    for i, op in enumerate(ops):
+        by_tid.setdefault(op.tid, []).append(i)
+    index = {}
+    for tid, idx in by_tid.items():
+        idx.sort(key=lambda i: (ops[i].ts, -ops[i].end))
+        stack: list[int] = []
+        for i in idx:
+            op = ops[i]
+            while stack and ops[stack[-1]].end < op.ts:
+                stack.pop()
+            # a child must end within its parent (tiny float slack)
+            while stack and ops[stack[-1]].end + 1e-3 < op.end:
+                stack.pop()
+            op.parent = stack[-1] if stack else -1
+            stack.append(i)
+        index[tid] = ([ops[i].ts for i in idx], idx)
+    for op in ops:
+        if op.kind == "gemm":
+            p = op.parent
+            while p >= 0:
+                ops[p].has_gemm_child = True
+                p = ops[p].parent
+    return OpIndex(ops, index)
+
+
+def _attention_call_above(ops: list[Op], i: int, calls: dict) -> int:
+    """The outermost attention call among op i and its ancestors, or -1."""
+    found = -1
+    while i >= 0:
+        if ops[i].kind == "attention" and i in calls:
+            found = i
+        i = ops[i].parent
+    return found
+
+
+def call_owner(ops: list[Op], i: int, calls: dict) -> int:
+    """The call that a GPU activity launched inside op i belongs to, or -1 (another op's)."""
+    attn = _attention_call_above(ops, i, calls)
+    if attn >= 0:
+        return attn
+    return i if i in calls else -1
+
+
+def select_calls(ops: list[Op]) -> tuple[dict, int]:
+    """{op index: Call} and how many GEMM/attention ops gave no shape.
+
+    Attention calls first: the outermost attention op whose dims give a shape (an autograd
+    wrapper without dims leaves the call to the op inside it). Then GEMM calls: the innermost
+    GEMM-family op, unless it is part of an attention call.
+    """
+    attention: dict[int, Call] = {}
+    unparsed = 0
+    for i, op in enumerate(ops):
+        if op.kind == "attention" and op.dims:
+            c = make_call(op)
+            if c is None:
+                unparsed += 1
+            else:
+                attention[i] = c
+    calls: dict[int, Call] = {i: c for i, c in attention.items()
+                              if _attention_call_above(ops, ops[i].parent, attention) < 0}
+    for i, op in enumerate(ops):
+        if op.kind != "gemm" or not op.dims or op.has_gemm_child:
+            continue
+        if _attention_call_above(ops, op.parent, calls) >= 0:
+            continue
+        c = make_call(op)
+        if c is None:
+            unparsed += 1
+        else:
+            calls[i] = c
+    return calls, unparsed
+
+
+@dataclass
+class GpuSplit:
+    """Where a trace's GPU time went."""
+    total_us: float = 0.0
+    in_calls_us: float = 0.0
+    other_ops_us: float = 0.0        # launched by a CPU op that is no GEMM/attention call
+    unattributed_us: float = 0.0     # no owning op at all (e.g. CUDA-graph replays)
+    n_unattributed: int = 0
+
+
+def attribute_activities(raw: RawTrace, index: OpIndex, calls: dict,
+                         steps: list[Step]) -> GpuSplit:
+    """Give each GPU activity to its call (GPU time, kernel names) and to its step (busy
+    intervals, the step's GPU end); return the split of GPU time."""
+    ops = index.ops
+    starts = [s.start for s in steps]
+    split = GpuSplit()
+    owner_cache: dict = {}
+    op_of_ext = {op.ext: i for i, op in enumerate(ops) if op.ext is not None}
+    for ts, dur, corr, ext, kname in raw.activities:
+        split.total_us += dur
+        rt = raw.runtimes.get(corr) if corr is not None else None
+        owner = -1
+        launch_ts = ts
+        rext = None
+        if rt is not None and rt[1] is not None:
+            tid, rts, rext = rt
+            launch_ts = rts
+            key = (tid, rts)
+            if key in owner_cache:
+                owner = owner_cache[key]
+            else:
+                inner = index.innermost(tid, rts)
+                owner = call_owner(ops, inner, calls) if inner >= 0 else -1
+                owner_cache[key] = owner
+        if owner < 0:   # no launch inside a GEMM/attention op: the External id may still say
+            for e_id in (ext, rext):
+                if e_id is not None and e_id in op_of_ext:
+                    owner = call_owner(ops, op_of_ext[e_id], calls)
+                    break
+        attributed = owner >= 0 or (ext is not None and ext in raw.cpu_ext) \
+            or (rext is not None and rext in raw.cpu_ext)
+        c = calls.get(owner) if owner >= 0 else None
+        if c is not None:
+            c.gpu_us += dur
+            c.n_kernels += 1
+            c.kernels[kname] = c.kernels.get(kname, 0) + 1
+            split.in_calls_us += dur
+        elif attributed:
+            split.other_ops_us += dur
+        else:
+            split.unattributed_us += dur
+            split.n_unattributed += 1
+        j = step_of(starts, steps, launch_ts)
+        if j >= 0:
+            st = steps[j]
+            # relative to the step start: absolute times (~1e12 us) would cost precision
+            st.intervals.append((ts - st.start, ts - st.start + dur))
+            if ts + dur > st.gpu_end:
+                st.gpu_end = ts + dur
+    return split

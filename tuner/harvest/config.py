@@ -1,0 +1,150 @@
+"""What harvest keeps from a trace, declared as data (in the spirit of HolisticTraceAnalysis's
+parser_config.py): the dialects and their event categories and argument names, the op sets, the
+step markers, the dtype names. The code that reads a trace looks everything up here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "Dialect", "KINETO", "DIALECTS", "CATEGORY_KINDS",
+    "GEMM_CORE", "GEMM_WRAPPERS", "GEMM_OPS", "ATTN_BHLD", "ATTN_BLHD", "ATTN_NAME_RE",
+    "StepMarker", "STEP_MARKERS", "PHASE_WORDS", "ANNOTATION_PREFIXES",
+    "DTYPES", "TRACE_SUFFIXES", "RANK_RE", "LAUNCH_BOUND", "UNATTRIBUTED_WARN",
+]
+
+
+# -------------------------------------------------------------------------------------- dialects
+@dataclass(frozen=True)
+class Dialect:
+    """How one trace dialect names the events harvest keeps.
+
+    Every event category a dialect declares maps to one of four kinds: "op" (a CPU operator,
+    with Input Dims), "runtime" (a launch or other runtime/driver API call), "gpu" (a kernel,
+    memset or memcpy on the device) or "annotation" (a user annotation: step markers, phases).
+    Argument names differ between dialects (the External id, the Input Dims), so they are
+    declared too; the first name present wins.
+    """
+    name: str
+    categories: dict          # category -> kind
+    ext_keys: tuple           # argument names of the External id
+    dims_keys: tuple          # argument names of the Input Dims
+    # ProfilerStep#N recorded as an "op" event (2021 schema) instead of a user annotation
+    steps_in_ops: bool = False
+
+
+KINETO = Dialect(
+    "Kineto (torch >= 1.10)",
+    categories={
+        "cpu_op": "op", "operator": "op",
+        "cuda_runtime": "runtime", "cuda_driver": "runtime", "hip_runtime": "runtime",
+        "hip_driver": "runtime", "runtime": "runtime",
+        "kernel": "gpu", "gpu_memset": "gpu", "gpu_memcpy": "gpu",
+        "user_annotation": "annotation",
+    },
+    ext_keys=("External id",),
+    dims_keys=("Input Dims",),
+)
+
+DIALECTS = (KINETO,)
+
+# category -> (dialect, kind), for the one lookup per event the reader makes
+CATEGORY_KINDS: dict = {cat: (d, kind) for d in DIALECTS for cat, kind in d.categories.items()}
+
+
+# ---------------------------------------------------------------------------------------- op sets
+GEMM_CORE = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm"})
+GEMM_WRAPPERS = frozenset({"aten::linear", "aten::matmul"})
+GEMM_OPS = GEMM_CORE | GEMM_WRAPPERS
+
+# Attention ops whose q/k are [batch, heads, len, head_dim].
+ATTN_BHLD = frozenset({
+    "aten::scaled_dot_product_attention",
+    "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention",
+    "aten::_scaled_dot_product_attention_math",
+    "aten::_scaled_dot_product_fused_attention_overrideable",
+    "aten::_cudnn_attention_forward",
+})
+# Attention ops whose q/k are [batch, len, heads, head_dim] (or [tokens, heads, head_dim] varlen).
+ATTN_BLHD = frozenset({
+    "aten::_flash_attention_forward",
+    "aten::_efficient_attention_forward",
+})
+# Other attention ops (flash-attn, vLLM, custom): "attn"/"attention" in a CPU op's name, or the
+# vLLM flash-attention extension's ops; never a backward op.
+ATTN_NAME_RE = re.compile(r"attn|attention|_vllm_fa\d|mha_(?:varlen_)?fwd", re.IGNORECASE)
+
+
+# ------------------------------------------------------------------------------------ step markers
+@dataclass(frozen=True)
+class StepMarker:
+    """An annotation that opens a step. `phase_of(match)` gives the step's phase, or "" when the
+    marker does not say (then the phase is inferred). Markers earlier in STEP_MARKERS win."""
+    pattern: re.Pattern
+    label: str                # who writes it (vLLM, SGLang, torch.profiler)
+    source: str               # how the summary names where the steps came from
+    phase_of: object          # callable(re.Match) -> str
+
+
+def _vllm_phase(m: re.Match) -> str:
+    ctx, gen = int(m.group(1)), int(m.group(3))
+    return "prefill" if ctx > 0 else ("decode" if gen > 0 else "other")
+
+
+_SGLANG_PHASES = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "MIXED": "prefill"}
+
+STEP_MARKERS = (
+    # vLLM: execute_context_X(Y)_generation_Z(W) (X prefill requests with Y tokens, Z decode
+    # requests with W tokens); newer builds insert a counter (execute_7_context_...) and shape
+    # details in ().
+    StepMarker(re.compile(r"^execute_(?:\d+_)?context_(\d+)\(([^)]*)\)_generation_(\d+)\(([^)]*)\)"),
+               "vLLM", "vLLM execute_context_*_generation_* annotations", _vllm_phase),
+    # SGLang: step[DECODE bs=...], step[EXTEND ...], step[MIXED ...]
+    StepMarker(re.compile(r"^step\[(DECODE|EXTEND|PREFILL|MIXED|IDLE)\b", re.IGNORECASE),
+               "SGLang", "SGLang step[...] annotations",
+               lambda m: _SGLANG_PHASES.get(m.group(1).upper(), "other")),
+    StepMarker(re.compile(r"^ProfilerStep#(\d+)$"), "torch.profiler", "ProfilerStep#N markers",
+               lambda m: ""),
+)
+# user annotations that name the phase of the step they are in
+PHASE_WORDS = {"prefill": "prefill", "decode": "decode", "extend": "prefill", "generate": "decode"}
+# annotation names worth keeping at all (a cheap prefix test before the patterns)
+ANNOTATION_PREFIXES = ("ProfilerStep#", "execute_", "step[")
+
+
+# ----------------------------------------------------------------------------------------- dtypes
+DTYPES = {
+    "c10::BFloat16": "bfloat16",
+    "c10::Half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "c10::Float8_e4m3fn": "float8_e4m3fn",
+    "c10::Float8_e5m2": "float8_e5m2",
+    "c10::Float8_e4m3fnuz": "float8_e4m3fnuz",
+    "c10::Float8_e5m2fnuz": "float8_e5m2fnuz",
+    "signed char": "int8",
+    "unsigned char": "uint8",
+    "short int": "int16",
+    "int": "int32",
+    "long int": "int64",
+    "bool": "bool",
+    "c10::complex<float>": "complex64",
+    "c10::complex<double>": "complex128",
+}
+
+
+# ------------------------------------------------------------------------------------------ files
+TRACE_SUFFIXES = (".json", ".json.gz")
+# vLLM: <instance>-rank-3.<time>.pt.trace.json.gz; SGLang: <time>-TP-3[-DP-0...].trace.json.gz;
+# torch DDP scripts: rank_3, rank3.
+RANK_RE = re.compile(r"(?:\brank[-_]?|[-_]rank[-_]?|-TP-)(\d+)", re.IGNORECASE)
+
+
+# ------------------------------------------------------------------------------------ thresholds
+LAUNCH_BOUND = 0.60         # GPU busy below this fraction of the step: launch-bound warning
+UNATTRIBUTED_WARN = 0.005   # GPU time with no owning op above this share: a warning

@@ -1,0 +1,122 @@
+"""The records harvest builds from a trace: ops as recorded, calls with their shapes, steps, and
+what one trace contributes to the table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Op", "Call", "Step", "RawTrace", "TraceData", "union_length"]
+
+
+@dataclass
+class Op:
+    """A GEMM-family or attention CPU op, as recorded."""
+    name: str
+    tid: object
+    ts: float
+    end: float
+    ext: int | None
+    dims: list
+    types: list
+    strides: list
+    concrete: list
+    kind: str              # "gemm" or "attention"
+    parent: int = -1       # index of the enclosing GEMM/attention op on the same thread
+    has_gemm_child: bool = False
+
+
+@dataclass
+class Call:
+    """One GEMM or attention call with its shape and the GPU time of the kernels it launched."""
+    op: str
+    family: str
+    m: int
+    n: int
+    k: int
+    batch: int
+    dtype: str
+    layout: str
+    ts: float
+    heads: int | None = None
+    kv_heads: int | None = None
+    q_len: int | None = None
+    kv_len: int | None = None
+    head_dim: int | None = None
+    gpu_us: float = 0.0
+    n_kernels: int = 0
+    kernels: dict = field(default_factory=dict)   # kernel name -> count
+    step: int = -1
+
+
+@dataclass
+class Step:
+    name: str
+    start: float
+    end: float              # CPU end of the marker
+    phase: str = "other"
+    phase_from: str = ""    # what decided the phase
+    gpu_end: float = 0.0    # end of the last GPU activity launched in the step
+    intervals: list = field(default_factory=list)   # GPU activity (start, end)
+    n_calls: int = 0
+    weight: int = 1         # --steps N on a trace without markers: one window that is N steps
+
+    @property
+    def wall_us(self) -> float:
+        return (max(self.end, self.gpu_end) - self.start) / self.weight
+
+    @property
+    def gpu_busy_us(self) -> float:
+        return union_length(self.intervals) / self.weight
+
+
+@dataclass
+class RawTrace:
+    """What the streaming read keeps of a trace's events (see reading.read_events)."""
+    ops: list               # Op
+    runtimes: dict          # correlation -> (tid, ts, ext)
+    activities: list        # (ts, dur, corr, ext, name)
+    annotations: list       # (name, tid, ts, end)
+    cpu_ext: set            # External ids of all CPU ops
+    n_cpu_ops: int
+    n_cpu_ops_with_dims: int
+    n_gemm_like_no_dims: int
+    first_ts: float
+    last_ts: float
+    backend: str            # cuda, hip, or cpu
+    device_ids: set
+
+
+@dataclass
+class TraceData:
+    """What one trace contributes: its calls and steps, plus facts for the summary."""
+    path: str
+    device: str
+    backend: str                 # cuda, hip, or cpu
+    rank: int | None
+    has_gpu: bool
+    calls: list
+    steps: list
+    gpu_total_us: float = 0.0    # sum of all GPU activity durations
+    gpu_in_calls_us: float = 0.0
+    gpu_other_ops_us: float = 0.0
+    gpu_unattributed_us: float = 0.0
+    n_unattributed: int = 0
+    steps_from: str = ""
+    notes: list = field(default_factory=list)
+
+
+def union_length(intervals: list) -> float:
+    """Total length of the union of (start, end) intervals (GPU busy time, not a sum)."""
+    if not intervals:
+        return 0.0
+    total = 0.0
+    cur_s = cur_e = None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    total += cur_e - cur_s
+    return total
