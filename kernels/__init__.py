@@ -1,20 +1,10 @@
 """Triton kernel families and their registry.
 
-Every family module (gemv, gemm, attention) defines ``FAMILY = KernelFamily(...)`` with the same
-small interface, so the pipeline (bench, parity, search, rank, export) never special-cases one:
-
-- ``make_inputs(shape, device, seed)``: fresh random inputs (never zeros) for a shape dict such as
-  ``{"m": 1, "n": 4096, "k": 4096, "dtype": "bfloat16"}``; returns a dict of tensors.
-- ``launch(inputs, config, out=None)``: run the Triton kernel with a config dict; writes into
-  ``out`` when given (so parity can poison it first) and returns the output tensor.
-- ``default_config(shape, backend)``: the config used when nothing is tuned.
-- ``baseline(inputs)``: the path serving uses today (e.g. torch's linear / cuBLAS / hipBLASLt).
-- ``reference(inputs)``: a high-precision (fp32 or better) result for tolerance parity.
-- ``bytes_moved(shape)`` / ``flops(shape)``: each input read once, output written once.
-- ``shape_from_row(row)``: a ShapeTable row (pandas Series or dict) to a shape dict, or None
-  when the row does not belong to this family.
-- ``shape_key(shape)``: a stable string such as ``m=1,n=4096,k=4096,dtype=bfloat16``.
-- ``source_files``: files whose bytes make up the kernel source hash in exports.
+Every family module (gemv, gemm, attention) defines ``FAMILY = KernelFamily(...)``; the pipeline
+(bench, parity, search, rank, export, serving) only ever talks to a family through it, so no stage
+special-cases one. Shared host-side helpers live in `kernels.common`, the byte / flop model in
+`kernels.cost`. This module imports neither torch nor triton (a family module does, when it is
+first asked for), and nothing in `kernels` imports the `tuner` pipeline at module level.
 """
 
 from __future__ import annotations
@@ -25,19 +15,52 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+__all__ = ["COMMON_SOURCES", "FAMILY_MODULES", "KernelFamily", "family_names", "format_shape_key",
+           "get_family"]
+
 FAMILY_MODULES = {
     "gemv": "kernels.gemv",
     "gemm": "kernels.gemm",
     "attention": "kernels.attention",
 }
 
+_HERE = Path(__file__).resolve().parent
+# Modules every family's kernels and host code depend on: part of every family's source hash, so
+# a change in them makes the runtime loader refuse exports measured with the old code.
+COMMON_SOURCES = (_HERE / "__init__.py", _HERE / "common.py", _HERE / "cost.py")
+
 
 @dataclass(frozen=True)
 class KernelFamily:
+    """The contract between a kernel family and the pipeline. Every callable is pure host code
+    around the family's Triton kernels; shapes are plain dicts (docs/interfaces.md).
+
+    - ``make_inputs(shape, device, seed) -> dict``: fresh random inputs (never zeros) for a shape;
+      the same seed and device give the same tensors. ``device="meta"`` gives shapes only.
+    - ``launch(inputs, config, out=None) -> Tensor``: run the Triton kernels with a config dict;
+      writes into ``out`` when given (parity poisons it first) and returns the output.
+    - ``launch_plan(inputs, config, out=None, backend=None) -> (out, [KernelCall])``: the kernel
+      calls ``launch`` would make, without launching (works on meta tensors: offline compiles).
+    - ``default_config(shape, backend, sm_count=None) -> dict``: the config used when nothing is
+      tuned (the "deployed" config whose output defines the ``kernel`` parity class). ``backend``
+      is cuda, hip or dcu; ``sm_count`` the device's multiprocessors (None: the current GPU's,
+      where the heuristic uses it at all).
+    - ``baseline(inputs) -> Tensor``: the path serving uses today (torch / cuBLAS / hipBLASLt).
+    - ``reference(inputs) -> Tensor``: a high-precision (fp32 or better) result.
+    - ``bytes_moved(shape)`` / ``flops(shape)``: each input read once, the output written once
+      (kernels.cost).
+    - ``shape_from_row(row) -> dict | None``: a ShapeTable row to this family's shape dict, or
+      None when the row is not this family's.
+    - ``shape_key(shape) -> str``: a stable string such as ``m=1,n=4096,k=4096,dtype=bfloat16``.
+    - ``source_files``: every file whose bytes make up the kernel source hash in exports: the
+      family's module and every kernels module it uses (COMMON_SOURCES at least).
+    """
+
     name: str
     make_inputs: Callable[..., dict]
     launch: Callable[..., Any]
-    default_config: Callable[[dict, str], dict]
+    launch_plan: Callable[..., tuple]
+    default_config: Callable[..., dict]
     baseline: Callable[[dict], Any]
     reference: Callable[[dict], Any]
     bytes_moved: Callable[[dict], int]
@@ -59,38 +82,12 @@ def family_names() -> list[str]:
 
 def get_family(name: str) -> KernelFamily:
     """Import a family module lazily (it imports triton) and return its FAMILY."""
-    from tuner.errors import TunerError
-
     if name not in FAMILY_MODULES:
+        from tuner.errors import TunerError  # a user's typo: one clear line from the CLI
+
         raise TunerError(f"unknown kernel family {name!r}; known: {', '.join(FAMILY_MODULES)}")
     module = importlib.import_module(FAMILY_MODULES[name])
     return module.FAMILY
-
-
-def run_without_interpreter(function: str, request: dict):
-    """Call ``function`` ('module:name', taking and returning plain JSON data) in a child Python
-    without TRITON_INTERPRET and return its result.
-
-    For compiling kernels for real targets (triton.compile) from a process that imported Triton
-    under TRITON_INTERPRET=1: there triton.language's own jit functions are interpreter objects
-    that the compiler cannot use. The child prints its result as the last line of stdout.
-    """
-    import json
-    import os
-    import subprocess
-    import sys
-
-    module, name = function.split(":")
-    root = str(Path(__file__).resolve().parent.parent)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    code = (f"import json, sys; from {module} import {name}; "
-            f"print(json.dumps({name}(json.loads(sys.stdin.read()))))")
-    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(request),
-                          capture_output=True, text=True, env=env, cwd=root, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"compile child failed: {proc.stderr.strip()[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def format_shape_key(shape: dict, order: tuple[str, ...]) -> str:

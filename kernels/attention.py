@@ -19,21 +19,18 @@ num_warps, num_stages; on hip also waves_per_eu, matrix_instr_nonkdim.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels import KernelFamily, format_shape_key
-from tuner import runtime
-from kernels.gemm import DTYPES, KernelCall, _get, fix_interpreter, launch_options, tensor_backend
+from kernels import COMMON_SOURCES, KernelFamily, format_shape_key
+from kernels.common import (DTYPES, KernelCall, interpreting, launch_options, pow2_at_least,
+                            row_value, tensor_backend)
+from kernels.cost import attention_cost
 
 LOG2E = 1.4426950408889634
-
-if os.environ.get("TRITON_INTERPRET") == "1":
-    fix_interpreter()
 
 
 @triton.jit
@@ -151,10 +148,6 @@ def _dims(shape: dict) -> tuple[int, int, int, int, int]:
             int(shape["kv_len"]), int(shape["head_dim"]))
 
 
-def _pow2_at_least(x: int) -> int:
-    return 1 << (max(int(x), 1) - 1).bit_length()
-
-
 def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
     """q [batch, heads, head_dim], k / v [batch, kv_heads, kv_len, head_dim], standard normal."""
     batch, heads, kv_heads, kv_len, head_dim = _dims(shape)
@@ -201,12 +194,12 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     total_tiles = triton.cdiv(kv_len, block_n)
     tiles_per_split = triton.cdiv(total_tiles, split_kv)
     num_splits = triton.cdiv(total_tiles, tiles_per_split)  # every launched split has KV to read
-    block_d = _pow2_at_least(head_dim)
+    block_d = pow2_at_least(head_dim)
     qk_scale = LOG2E / math.sqrt(head_dim)
     opts = launch_options(config, backend or tensor_backend(q))
     grid = (heads // heads_per_block, batch, num_splits)
     meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HEADS_PER_BLOCK=heads_per_block,
-                BLOCK_H=max(16, _pow2_at_least(heads_per_block)), BLOCK_N=block_n,
+                BLOCK_H=max(16, pow2_at_least(heads_per_block)), BLOCK_N=block_n,
                 PARTIALS=split_kv > 1)
     qkv = (kv_len, group, tiles_per_split, qk_scale, q.stride(0), q.stride(1),
            k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
@@ -224,7 +217,7 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     combine_args = (part_acc, part_m, part_l, out, num_splits, *acc_strides, *ml_strides,
                     out.stride(0), out.stride(1))
     combine = KernelCall(combine_kernel, (heads, batch), combine_args,
-                         dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=_pow2_at_least(split_kv)),
+                         dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=pow2_at_least(split_kv)),
                          {"num_warps": 4})
     return out, [KernelCall(decode_attention_kernel, grid, args, meta, opts), combine]
 
@@ -240,13 +233,14 @@ def _largest_divisor_at_most(x: int, limit: int) -> int:
     return max(d for d in range(1, min(x, limit) + 1) if x % d == 0)
 
 
-def default_config(shape: dict, backend: str = "cuda") -> dict:
-    """Stack all query heads of a KV head (up to 64), then split KV until ~2 programs per SM."""
+def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = None) -> dict:
+    """Stack all query heads of a KV head (up to 64), then split KV until ~2 programs per SM of
+    an H100-class GPU (256 programs; `sm_count`, part of the family interface, is not used)."""
     batch, heads, kv_heads, kv_len, head_dim = _dims(shape)
     group = heads // kv_heads
     heads_per_block = _largest_divisor_at_most(group, 64)
     block_n = 64 if head_dim <= 128 else 32
-    block_n = min(block_n, max(16, _pow2_at_least(kv_len)))
+    block_n = min(block_n, max(16, pow2_at_least(kv_len)))
     programs = batch * (heads // heads_per_block)
     split_kv = 1
     while programs * split_kv < 256 and split_kv < 64 and triton.cdiv(kv_len, block_n) >= 4 * split_kv:
@@ -276,10 +270,15 @@ def reference(inputs: dict) -> torch.Tensor:
     return torch.einsum("bhn,bhnd->bhd", torch.softmax(scores, dim=-1), v)
 
 
-def bytes_moved(shape: dict) -> int:
+def _cost(shape: dict) -> tuple[int, int]:
     batch, heads, kv_heads, kv_len, head_dim = _dims(shape)
-    elem = torch.empty((), dtype=_dtype(shape)).element_size()
-    return (2 * batch * heads * head_dim + 2 * batch * kv_heads * kv_len * head_dim) * elem
+    return attention_cost(batch=batch, heads=heads, kv_heads=kv_heads, q_len=1, kv_len=kv_len,
+                          head_dim=head_dim,
+                          elem_bytes=torch.empty((), dtype=_dtype(shape)).element_size())
+
+
+def bytes_moved(shape: dict) -> int:
+    return _cost(shape)[0]
 
 
 def kv_bytes(shape: dict) -> int:
@@ -289,21 +288,20 @@ def kv_bytes(shape: dict) -> int:
 
 
 def flops(shape: dict) -> int:
-    batch, heads, _, kv_len, head_dim = _dims(shape)
-    return 4 * batch * heads * kv_len * head_dim
+    return _cost(shape)[1]
 
 
 def shape_from_row(row) -> dict | None:
     """Attention rows with q_len == 1 (decode) and all of heads, kv_heads, kv_len, head_dim known."""
-    if _get(row, "family") != "attention":
+    if row_value(row, "family") != "attention":
         return None
-    dtype = _get(row, "dtype")
+    dtype = row_value(row, "dtype")
     if dtype not in DTYPES:
         return None
-    values = {key: _get(row, key) for key in ("q_len", "heads", "kv_heads", "kv_len", "head_dim")}
+    values = {key: row_value(row, key) for key in ("q_len", "heads", "kv_heads", "kv_len", "head_dim")}
     if any(value is None for value in values.values()) or int(values["q_len"]) != 1:
         return None
-    batch = int(_get(row, "batch", 1) or 1)
+    batch = int(row_value(row, "batch", 1) or 1)
     heads, kv_heads = int(values["heads"]), int(values["kv_heads"])
     if kv_heads <= 0 or heads % kv_heads or int(values["kv_len"]) <= 0:
         return None
@@ -320,10 +318,12 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     cache k / v [batch, kv_heads, kv_len, head_dim]; the config comes from tuner.runtime (exported
     for this shape or the nearest kv_len). Returns out shaped like q. A shape with no exported
     entry, other dtypes or a CPU tensor outside the interpreter run torch's SDPA."""
+    from tuner import runtime  # not at import: kernels must not import the pipeline
+
     squeeze = q.dim() == 4
     q3 = q.squeeze(2) if squeeze else q
     name = str(q.dtype).removeprefix("torch.")
-    on_cpu = q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1"
+    on_cpu = q.device.type == "cpu" and not interpreting()
     if name not in DTYPES or on_cpu or k.stride(-1) != 1 or v.stride(-1) != 1:
         out = baseline({"q": q3, "k": k, "v": v})
         return out.unsqueeze(2) if squeeze else out
@@ -348,5 +348,6 @@ FAMILY = KernelFamily(
     flops=flops,
     shape_from_row=shape_from_row,
     shape_key=shape_key,
-    source_files=(Path(__file__).resolve(),),
+    launch_plan=launch_plan,
+    source_files=(Path(__file__).resolve(), *COMMON_SOURCES),
 )

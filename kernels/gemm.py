@@ -17,74 +17,27 @@ matrix_instr_nonkdim, kpack (Triton HIP compile options, passed as launch keywor
 on cuda also TMA (read A and B through tensor descriptors, `gemm_tma_kernel`). Ragged m / n / k
 are handled with masks (or by the descriptors' zero fill).
 
-Also here: `launch_plan` (the kernel calls of a config, also on meta tensors), the compile checks
-for GPU targets on a CPU host (`compile_configs`, `compile_config`, `compile_call`), the serving
-entry point `linear`, and `fix_interpreter` (Triton 3.6 interpreter workarounds). See
-docs/kernels.md.
+Also here: `launch_plan` (the kernel calls of a config, also on meta tensors, which is how
+kernels.common compiles a config for a GPU target on a CPU host) and the serving entry point
+`linear`. See docs/kernels.md.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels import KernelFamily, format_shape_key, run_without_interpreter
-from tuner import runtime
+from kernels import COMMON_SOURCES, KernelFamily, format_shape_key
+from kernels.common import (DTYPES, KernelCall, interpreting, launch_options, pow2_at_least,
+                            row_value, tensor_backend)
+from kernels.cost import gemm_cost
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 LAYOUTS = ("NN", "NT", "TN", "TT")
-HIP_KNOBS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 REDUCE_BLOCK = 1024
-
-
-def fix_interpreter() -> None:
-    """Work around two Triton 3.6 interpreter bugs (TRITON_INTERPRET=1 only; idempotent).
-
-    1. Scalars are 1-element arrays converted with ``int(array)``, which NumPy >= 2.3 refuses
-       ("only 0-dimensional arrays can be converted to Python scalars"), so ``range(start, end)``
-       over runtime values fails. We read the single element instead.
-    2. ``tl.dot`` on bfloat16 multiplies the raw uint16 storage bits (NumPy has no bfloat16). We
-       widen bfloat16 operands to float32 first (exact), as the GPU's MMA does.
-    Compiled kernels are unaffected: this patches the interpreter only.
-    """
-    try:
-        import numpy as np
-        from triton.runtime import interpreter
-    except ImportError:
-        return
-    if getattr(interpreter, "_kernels_fixed", False):
-        return
-    original_patch = interpreter._patch_lang_tensor
-
-    def patch_lang_tensor(tensor, scope):
-        original_patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    builder = interpreter.InterpreterBuilder
-    original_dot = builder.create_dot
-
-    def widen(handle):
-        if handle.dtype.scalar == tl.bfloat16:
-            bits = handle.data.astype(np.uint32) << 16
-            return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
-        return handle
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-
-    interpreter._patch_lang_tensor = patch_lang_tensor
-    builder.create_dot = create_dot
-    interpreter._kernels_fixed = True
-
-
-if os.environ.get("TRITON_INTERPRET") == "1":
-    fix_interpreter()
 
 
 @triton.jit
@@ -263,37 +216,6 @@ def _shape_of(inputs: dict) -> tuple[int, int, int, int]:
     return batch, a.shape[-2], b.shape[-1], a.shape[-1]
 
 
-@dataclass
-class KernelCall:
-    """One kernel launch of a plan: ``kernel[grid](*args, **constexprs, **options)``."""
-
-    kernel: object
-    grid: tuple
-    args: tuple
-    constexprs: dict
-    options: dict
-
-    def run(self) -> None:
-        self.kernel[self.grid](*self.args, **self.constexprs, **self.options)
-
-
-def tensor_backend(t: torch.Tensor) -> str:
-    """'cuda' or 'hip' for a GPU tensor (torch.version.hip tells ROCm apart), else 'cpu'."""
-    if t.device.type != "cuda":
-        return "cpu"
-    return "hip" if torch.version.hip else "cuda"
-
-
-def launch_options(config: dict, backend: str) -> dict:
-    """num_warps / num_stages, plus the AMD-only knobs on hip (CUDA's launcher rejects them)."""
-    opts = {"num_warps": int(config.get("num_warps", 4)), "num_stages": int(config.get("num_stages", 2))}
-    if backend in ("hip", "dcu"):
-        for knob in HIP_KNOBS:
-            if knob in config:
-                opts[knob] = int(config[knob])
-    return opts
-
-
 def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
                 backend: str | None = None) -> tuple[torch.Tensor, list[KernelCall]]:
     """The output tensor and the kernel calls that compute it (no launch).
@@ -367,25 +289,22 @@ def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch
     return out
 
 
-def _pow2_at_least(x: int) -> int:
-    return 1 << (max(int(x), 1) - 1).bit_length()
-
-
-def default_config(shape: dict, backend: str = "cuda") -> dict:
+def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = None) -> dict:
     """A reasonable untuned config: big tiles for big m, narrow tiles (and split K) for small m.
 
-    It satisfies the constraints of search_spaces/gemm.yaml for the backend (tested).
+    It satisfies the constraints of search_spaces/gemm.yaml for the backend (tested). `sm_count`
+    is part of the family interface; this heuristic does not depend on the device's size.
     """
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
     hip = backend in ("hip", "dcu")
     if m >= 256:
         block_m, block_n, block_k, warps = 128, 128, (32 if hip else 64), 8
     else:
-        block_m, block_n, block_k, warps = max(16, min(64, _pow2_at_least(m))), 64, 128, 4
+        block_m, block_n, block_k, warps = max(16, min(64, pow2_at_least(m))), 64, 128, 4
         if hip:
             block_k = 64
-    block_n = min(block_n, max(32, _pow2_at_least(n)))
-    block_k = min(block_k, max(32, _pow2_at_least(k)))
+    block_n = min(block_n, max(32, pow2_at_least(n)))
+    block_k = min(block_k, max(32, pow2_at_least(k)))
     if block_m * block_n < 8192:
         warps = 4
     tiles_m, tiles_n = triton.cdiv(m, block_m), triton.cdiv(n, block_n)
@@ -413,45 +332,34 @@ def reference(inputs: dict) -> torch.Tensor:
     return torch.matmul(inputs["a"].float(), inputs["b"].float())
 
 
-def bytes_moved(shape: dict) -> int:
-    m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
+def _cost(shape: dict) -> tuple[int, int]:
     elem = torch.empty((), dtype=_dtype(shape)).element_size()
-    return _batch(shape) * (m * k + k * n + m * n) * elem
+    return gemm_cost(int(shape["m"]), int(shape["n"]), int(shape["k"]), batch=_batch(shape),
+                     elem_bytes=elem)
+
+
+def bytes_moved(shape: dict) -> int:
+    return _cost(shape)[0]
 
 
 def flops(shape: dict) -> int:
-    return 2 * _batch(shape) * int(shape["m"]) * int(shape["n"]) * int(shape["k"])
-
-
-def _get(row, key, default=None):
-    try:
-        value = row[key]
-    except (KeyError, IndexError):
-        return default
-    try:
-        import pandas as pd
-
-        if pd.isna(value):
-            return default
-    except (TypeError, ValueError):
-        pass
-    return value
+    return _cost(shape)[1]
 
 
 def shape_from_row(row) -> dict | None:
     """GEMM rows with m > 8 (m <= 8 belongs to gemv), or any m for batched rows (bmm, batch > 1)."""
-    if _get(row, "family") != "gemm":
+    if row_value(row, "family") != "gemm":
         return None
-    dtype = _get(row, "dtype")
+    dtype = row_value(row, "dtype")
     if dtype not in DTYPES:
         return None
-    m, n, k = int(_get(row, "m", 0)), int(_get(row, "n", 0)), int(_get(row, "k", 0))
-    batch = int(_get(row, "batch", 1) or 1)
+    m, n, k = int(row_value(row, "m", 0)), int(row_value(row, "n", 0)), int(row_value(row, "k", 0))
+    batch = int(row_value(row, "batch", 1) or 1)
     if min(m, n, k) <= 0:
         return None
     if batch <= 1 and m <= 8:
         return None
-    layout = _get(row, "layout") or "NT"
+    layout = row_value(row, "layout") or "NT"
     if layout not in LAYOUTS:
         return None
     shape = {"m": m, "n": n, "k": k, "dtype": dtype, "layout": layout}
@@ -465,162 +373,6 @@ def shape_key(shape: dict) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Compile checks for real GPU targets on a CPU-only host
-
-
-@dataclass
-class CompileReport:
-    """Resource figures of one compiled kernel (from ptxas / the AMDGCN metadata)."""
-
-    kernel: str
-    target: str
-    n_regs: int  # registers per thread (CUDA) / VGPRs incl. AGPRs per lane (AMD)
-    n_spills: int  # stack + local (spill) bytes per thread (CUDA) / spilled VGPRs + SGPRs (AMD)
-    shared: int  # shared memory / LDS bytes per block as Triton allocated it
-
-
-_TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-def compile_call(call: KernelCall, target) -> CompileReport:
-    """Compile one planned call for ``target`` (a triton GPUTarget) without a GPU.
-
-    Argument specialisation follows Triton's JIT launcher: integers equal to 1 become constants,
-    pointers and integers divisible by 16 get the divisibility hint, and on hip pointers to
-    tensors under 2 GB get the 32-bit range hint. Use meta tensors in the plan.
-    """
-    import re
-    import subprocess
-    import tempfile
-
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-
-    kernel = call.kernel
-    if not isinstance(kernel, JITFunction):  # an InterpretedFunction under TRITON_INTERPRET=1
-        kernel = JITFunction(kernel.fn)
-    hip = target.backend == "hip"
-    signature, constexprs, attrs = {}, {}, {}
-    positional = list(call.args)
-    for index, name in enumerate(kernel.arg_names):
-        if name in call.constexprs:
-            signature[name], constexprs[name] = "constexpr", call.constexprs[name]
-            continue
-        value = positional.pop(0)
-        if type(value).__name__ == "TensorDescriptor":
-            block = ",".join(str(int(d)) for d in value.block_shape)
-            signature[name] = f"tensordesc<{_TORCH_TO_TRITON[value.base.dtype]}[{block}]>"
-        elif isinstance(value, torch.Tensor):
-            signature[name] = "*" + _TORCH_TO_TRITON[value.dtype]
-            attrs[(index,)] = [["tt.divisibility", 16]]
-            if hip and value.numel() * value.element_size() < 2**31:
-                attrs[(index,)].append(["tt.pointer_range", 32])
-        elif isinstance(value, bool):
-            signature[name] = "i1"
-        elif isinstance(value, int):
-            if value == 1:
-                signature[name], constexprs[name] = "constexpr", 1
-                continue
-            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
-            if value % 16 == 0:
-                attrs[(index,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            signature[name] = "fp32"
-        else:
-            raise TypeError(f"compile_call: cannot type argument {name}={value!r}")
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                              options=dict(call.options))
-    shared = int(compiled.metadata.shared)
-    if hip:
-        asm = compiled.asm["amdgcn"]
-
-        def field(key):
-            found = re.search(rf"{re.escape(key)}\s*(\d+)", asm)
-            return int(found.group(1)) if found else 0
-
-        return CompileReport(kernel.__name__, f"hip:{target.arch}", field("; TotalNumVgprs:") or
-                             field(".vgpr_count:"), field(".vgpr_spill_count:") + field(".sgpr_spill_count:"),
-                             max(shared, field(".group_segment_fixed_size:")))
-    # Registers and local memory (spills) of the cubin Triton's ptxas produced.
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        usage = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True,
-                               text=True, check=True).stdout
-
-    def field(key):
-        found = re.search(rf"{key}:(\d+)", usage)
-        return int(found.group(1)) if found else 0
-
-    # Spilled registers live in the per-thread stack frame (STACK) or local memory (LOCAL).
-    return CompileReport(kernel.__name__, f"cuda:{target.arch}", field("REG"),
-                         field("STACK") + field("LOCAL"), shared)
-
-
-def compile_config(family_module, shape: dict, config: dict, target) -> list[CompileReport]:
-    """Compile every kernel a config launches for ``shape`` on ``target`` (meta tensors, no GPU).
-
-    Needs a process where triton.language was imported without TRITON_INTERPRET=1 (its own
-    library functions are then interpreter objects the compiler cannot use); `compile_configs`
-    handles that case with a subprocess.
-    """
-    inputs = family_module.make_inputs(shape, "meta")
-    backend = "hip" if target.backend == "hip" else "cuda"
-    _, calls = family_module.launch_plan(inputs, config, backend=backend)
-    return [compile_call(call, target) for call in calls]
-
-
-def _compiler_usable_here() -> bool:
-    import triton.language.standard as standard
-    from triton.runtime.jit import JITFunction
-
-    return isinstance(standard.cdiv, JITFunction)
-
-
-def _compile_in_process(family: str, jobs: list, target) -> list:
-    import importlib
-
-    module = importlib.import_module(f"kernels.{family}")
-    results = []
-    for shape, config in jobs:
-        try:
-            results.append(compile_config(module, shape, config, target))
-        except Exception as exc:  # noqa: BLE001 - a config that does not compile is data
-            text = str(exc).strip()
-            results.append(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
-    return results
-
-
-def compile_configs(family: str, jobs: list[tuple[dict, dict]], target) -> list:
-    """Compile (shape, config) jobs of a family ('gemm' / 'attention') for a GPUTarget.
-
-    Returns, per job, a list of CompileReport (one per kernel the config launches) or a failure
-    reason string. Runs in this process when it can, else in one clean subprocess (without
-    TRITON_INTERPRET) for all jobs.
-    """
-    if _compiler_usable_here():
-        return _compile_in_process(family, jobs, target)
-    request = {"family": family, "jobs": jobs,
-               "target": [target.backend, target.arch, target.warp_size]}
-    rows = run_without_interpreter("kernels.gemm:_compile_request", request)
-    return [row if isinstance(row, str) else [CompileReport(**r) for r in row] for row in rows]
-
-
-def _compile_request(request: dict) -> list:
-    """compile_configs in a child process (run_without_interpreter): JSON in, JSON out."""
-    import dataclasses
-
-    from triton.backends.compiler import GPUTarget
-
-    if not _compiler_usable_here():
-        raise SystemExit("triton.language was imported in interpreter mode; unset TRITON_INTERPRET")
-    target = GPUTarget(*request["target"])
-    results = _compile_in_process(request["family"], [tuple(job) for job in request["jobs"]], target)
-    return [row if isinstance(row, str) else [dataclasses.asdict(r) for r in row] for row in results]
-
-
-# ----------------------------------------------------------------------------------------------
 # Serving entry point
 
 
@@ -631,8 +383,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     dtypes or a CPU tensor outside the interpreter run torch's linear."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
+    from tuner import runtime  # not at import: kernels must not import the pipeline
+
     name = str(x.dtype).removeprefix("torch.")
-    on_cpu = x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1"
+    on_cpu = x.device.type == "cpu" and not interpreting()
     if rows <= 8 or weight.dim() != 2 or weight.dtype != x.dtype or name not in DTYPES or on_cpu:
         return torch.nn.functional.linear(x, weight, bias)
     shape = {"m": rows, "n": int(weight.shape[0]), "k": int(k), "dtype": name, "layout": "NT"}
@@ -657,5 +411,6 @@ FAMILY = KernelFamily(
     flops=flops,
     shape_from_row=shape_from_row,
     shape_key=shape_key,
-    source_files=(Path(__file__).resolve(),),
+    launch_plan=launch_plan,
+    source_files=(Path(__file__).resolve(), *COMMON_SOURCES),
 )

@@ -24,8 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import KernelFamily, format_shape_key, run_without_interpreter
-from tuner import runtime
+from kernels import COMMON_SOURCES, KernelFamily, format_shape_key
+from kernels.common import DTYPES, KernelCall, cdiv, interpreting, launch_options, tensor_backend
+from kernels.cost import gemm_cost
 
 MAX_M = 8
 KERNEL_PARAMS = ("ROWS_PER_BLOCK", "BLOCK_K", "SPLIT_K")
@@ -33,7 +34,6 @@ OPTIONAL_PARAMS = ("USE_DOT",)  # 0 (default): elementwise FMA + row sums; 1: tl
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 HIP_OPTIONS = ("waves_per_eu",)
 REDUCE_BLOCK_N = 1024
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # --------------------------------------------------------------------------------------- kernels
@@ -193,17 +193,9 @@ def _splitk_reduce_kernel(part_ptr, out_ptr, bias_ptr, N, stride_om,
 
 
 # ---------------------------------------------------------------------------------- host side
-def _is_hip() -> bool:
-    return bool(getattr(torch.version, "hip", None))
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def k_per_split(k: int, block_k: int, split_k: int) -> int:
     """Length of each split-k slice: a multiple of BLOCK_K."""
-    return _cdiv(_cdiv(k, split_k), block_k) * block_k
+    return cdiv(cdiv(k, split_k), block_k) * block_k
 
 
 def check_config(config: dict) -> None:
@@ -226,11 +218,13 @@ def check_config(config: dict) -> None:
         raise ValueError("gemv USE_DOT=1 needs ROWS_PER_BLOCK >= 16 and BLOCK_K >= 16")
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, config: dict, out: torch.Tensor | None = None,
-         hip: bool | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ weight.T (+ bias, fused in the epilogue) with the Triton kernel; x [m, k] (m <= 8),
-    weight [n, k] contiguous in k, bias [n]."""
+def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
+                backend: str | None = None) -> tuple[torch.Tensor, list[KernelCall]]:
+    """The output and the kernel calls of y = x @ weight.T (+ bias, fused in the epilogue) for
+    inputs {"x": [m, k] (m <= 8), "weight": [n, k] contiguous in k, "bias": [n] or absent};
+    works on meta tensors (offline compiles)."""
     check_config(config)
+    x, weight, bias = inputs["x"], inputs["weight"], inputs.get("bias")
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"gemv needs x[m, k] and weight[n, k], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")
@@ -250,34 +244,43 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: dict, out: torch.Tensor 
         out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     elif out.shape != (m, n) or out.stride(1) != 1:
         raise ValueError(f"gemv out must be [{m}, {n}] with unit stride, got {tuple(out.shape)}")
+    backend = backend or tensor_backend(x)
+    if backend == "cuda" and "waves_per_eu" in config:
+        raise ValueError("waves_per_eu is an AMD-only option; this is a CUDA device")
     rows = int(config["ROWS_PER_BLOCK"])
     block_k = int(config["BLOCK_K"])
     split_k = int(config["SPLIT_K"])
     kps = k_per_split(k, block_k, split_k)
-    even_k = kps * split_k == k  # every slice is whole BLOCK_Ks inside k: no k mask
-    options = {"num_warps": int(config.get("num_warps", 4)),
-               "num_stages": int(config.get("num_stages", 1))}
-    if hip is None:
-        hip = _is_hip()
-    if hip and "waves_per_eu" in config:
-        options["waves_per_eu"] = int(config["waves_per_eu"])
-    elif not hip and "waves_per_eu" in config and x.device.type == "cuda":
-        raise ValueError("waves_per_eu is an AMD-only option; this is a CUDA device")
     part = out
     if split_k > 1:
         part = torch.empty((split_k, m, n), device=x.device, dtype=torch.float32)
-    grid = (_cdiv(n, rows), split_k)
     kernel = _gemv_dot_kernel if int(config.get("USE_DOT", 0)) else _gemv_kernel
     has_bias = bias is not None
     bias_arg = bias if has_bias else out  # never read when HAS_BIAS is False
-    kernel[grid](x, weight, out, part, bias_arg, n, k, kps, x.stride(0), weight.stride(0),
-                       out.stride(0), M=m, ROWS_PER_BLOCK=rows, BLOCK_K=block_k,
-                       SPLIT_K=split_k, EVEN_K=even_k, HAS_BIAS=has_bias,
-                       STATIC_KPS=kps if _interpreting() else 0, **options)
+    meta = dict(M=m, ROWS_PER_BLOCK=rows, BLOCK_K=block_k, SPLIT_K=split_k,
+                EVEN_K=kps * split_k == k,  # every slice is whole BLOCK_Ks inside k: no k mask
+                HAS_BIAS=has_bias, STATIC_KPS=kps if interpreting() else 0)
+    args = (x, weight, out, part, bias_arg, n, k, kps, x.stride(0), weight.stride(0), out.stride(0))
+    calls = [KernelCall(kernel, (cdiv(n, rows), split_k), args, meta,
+                        launch_options(config, backend, num_stages=1))]
     if split_k > 1:
-        _splitk_reduce_kernel[(_cdiv(n, REDUCE_BLOCK_N), m)](
-            part, out, bias_arg, n, out.stride(0), M=m, SPLIT_K=split_k, BLOCK_N=REDUCE_BLOCK_N,
-            HAS_BIAS=has_bias, num_warps=4)
+        calls.append(KernelCall(_splitk_reduce_kernel, (cdiv(n, REDUCE_BLOCK_N), m),
+                                (part, out, bias_arg, n, out.stride(0)),
+                                dict(M=m, SPLIT_K=split_k, BLOCK_N=REDUCE_BLOCK_N, HAS_BIAS=has_bias),
+                                {"num_warps": 4}))
+    return out, calls
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, config: dict, out: torch.Tensor | None = None,
+         bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ weight.T (+ bias, fused in the epilogue) with the Triton kernel; x [m, k] (m <= 8),
+    weight [n, k] contiguous in k, bias [n]."""
+    inputs = {"x": x, "weight": weight}
+    if bias is not None:
+        inputs["bias"] = bias
+    out, calls = launch_plan(inputs, config, out)
+    for call in calls:
+        call.run()
     return out
 
 
@@ -307,7 +310,7 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
     target_programs = 4 * sms
     rows = 1
     for r in (8, 4, 2, 1):
-        if _cdiv(n, r) >= target_programs:
+        if cdiv(n, r) >= target_programs:
             rows = r
             break
     k_cap = max(64, _next_pow2(k))
@@ -330,9 +333,9 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
         else:
             break
     split_k = 1
-    programs = _cdiv(n, rows)
+    programs = cdiv(n, rows)
     if programs < target_programs:
-        want = _cdiv(target_programs, programs)
+        want = cdiv(target_programs, programs)
         max_split = max(1, k // (2 * block_k))  # keep at least two loop steps per slice
         split_k = 1
         while split_k * 2 <= min(want, max_split, 16) or (split_k < want and split_k * 2 <= max_split
@@ -356,16 +359,22 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
 # ------------------------------------------------------------------------------------- family
 def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
     """x[m, k] and weight[n, k] with values ~ N(0, 1) / sqrt-scaled W (never zeros); with
-    shape["bias"] also bias[n] (the addmm rows of a trace: q/k/v projections with bias)."""
+    shape["bias"] also bias[n] (the addmm rows of a trace: q/k/v projections with bias).
+    device="meta": shapes only (offline compiles)."""
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
     dtype = DTYPES[str(shape.get("dtype", "bfloat16"))]
+    dims = {"x": (m, k), "weight": (n, k)}
+    if shape.get("bias"):
+        dims["bias"] = (n,)
+    if torch.device(device).type == "meta":
+        return {name: torch.empty(size, dtype=dtype, device="meta") for name, size in dims.items()}
     gen = torch.Generator(device=device)
     gen.manual_seed(int(seed))
-    x = torch.randn((m, k), generator=gen, device=device, dtype=torch.float32).to(dtype)
-    weight = (torch.randn((n, k), generator=gen, device=device, dtype=torch.float32)
+    x = torch.randn(dims["x"], generator=gen, device=device, dtype=torch.float32).to(dtype)
+    weight = (torch.randn(dims["weight"], generator=gen, device=device, dtype=torch.float32)
               / (k ** 0.5)).to(dtype)
     inputs = {"x": x, "weight": weight}
-    if shape.get("bias"):
+    if "bias" in dims:
         inputs["bias"] = torch.randn((n,), generator=gen, device=device,
                                      dtype=torch.float32).to(dtype)
     return inputs
@@ -390,13 +399,17 @@ def _elem_bytes(shape: dict) -> int:
     return torch.empty((), dtype=DTYPES[str(shape.get("dtype", "bfloat16"))]).element_size()
 
 
+def _cost(shape: dict) -> tuple[int, int]:
+    return gemm_cost(int(shape["m"]), int(shape["n"]), int(shape["k"]),
+                     elem_bytes=_elem_bytes(shape), bias=bool(shape.get("bias")))
+
+
 def bytes_moved(shape: dict) -> int:
-    m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
-    return _elem_bytes(shape) * (n * k + m * k + m * n + (n if shape.get("bias") else 0))
+    return _cost(shape)[0]
 
 
 def flops(shape: dict) -> int:
-    return 2 * int(shape["m"]) * int(shape["n"]) * int(shape["k"])
+    return _cost(shape)[1]
 
 
 def shape_from_row(row) -> dict | None:
@@ -429,10 +442,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """Drop-in for torch.nn.functional.linear on decode batches: x[..., k] with at most 8 rows
     runs the GEMV with the exported config from tuner.runtime (exact shape or nearest m); a
     shape with no exported entry, and anything else, runs torch's linear."""
+    from tuner import runtime  # not at import: kernels must not import the pipeline
+
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     if (not 1 <= rows <= MAX_M or weight.dim() != 2 or weight.dtype != x.dtype
-            or x.dtype not in DTYPES.values() or x.device.type == "cpu" and not _interpreting()):
+            or x.dtype not in DTYPES.values() or x.device.type == "cpu" and not interpreting()):
         return torch.nn.functional.linear(x, weight, bias)
     shape = {"m": rows, "n": int(weight.shape[0]), "k": int(k),
              "dtype": str(x.dtype).removeprefix("torch.")}
@@ -443,12 +458,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return torch.nn.functional.linear(x, weight, bias)
     out = gemv(x.reshape(rows, k), weight, config, bias=bias)
     return out.reshape(*x.shape[:-1], weight.shape[0])
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 FAMILY = KernelFamily(
@@ -462,108 +471,6 @@ FAMILY = KernelFamily(
     flops=flops,
     shape_from_row=shape_from_row,
     shape_key=shape_key,
-    source_files=(Path(__file__).resolve(),),
+    launch_plan=launch_plan,
+    source_files=(Path(__file__).resolve(), *COMMON_SOURCES),
 )
-
-
-# ------------------------------------------------------------------- offline compile (no GPU)
-def compile_config(config: dict, shape: dict, target) -> dict:
-    """Compile the main kernel for a real target without a GPU and report its resources.
-
-    `target` is a triton GPUTarget, e.g. GPUTarget("hip", "gfx942", 64) or GPUTarget("cuda", 90,
-    32). The int arguments carry the divisibility-by-16 hints a GPU launch would give them.
-    Returns {"regs", "spills", "shared", "asm"} (regs: VGPRs on hip, registers on cuda; shared:
-    LDS / shared-memory bytes; asm: the AMDGCN or PTX text)."""
-    import re
-    import subprocess
-    import tempfile
-
-    from triton.compiler import ASTSource
-
-    check_config(config)
-    m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
-    elem = {"bfloat16": "*bf16", "float16": "*fp16"}[str(shape.get("dtype", "bfloat16"))]
-    split_k = int(config["SPLIT_K"])
-    kps = k_per_split(k, int(config["BLOCK_K"]), split_k)
-    ints = {"N": n, "K": k, "k_per_split": kps, "stride_xm": k, "stride_wn": k, "stride_om": n}
-    signature = {"x_ptr": elem, "w_ptr": elem, "out_ptr": elem,
-                 "part_ptr": "*fp32" if split_k > 1 else elem, "bias_ptr": elem}
-    signature.update({name: "i32" for name in ints})
-    constexprs = {"M": m, "ROWS_PER_BLOCK": int(config["ROWS_PER_BLOCK"]),
-                  "BLOCK_K": int(config["BLOCK_K"]), "SPLIT_K": split_k,
-                  "EVEN_K": kps * split_k == k, "HAS_BIAS": bool(shape.get("bias")),
-                  "STATIC_KPS": 0}
-    for name in constexprs:
-        signature[name] = "constexpr"
-    kernel = _gemv_dot_kernel if int(config.get("USE_DOT", 0)) else _gemv_kernel
-    names = kernel.arg_names
-    attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("x_ptr", "w_ptr", "out_ptr",
-                                                                    "part_ptr", "bias_ptr")}
-    attrs.update({(names.index(p),): [["tt.divisibility", 16]] for p, v in ints.items()
-                  if v % 16 == 0})
-    options = {"num_warps": int(config.get("num_warps", 4)),
-               "num_stages": int(config.get("num_stages", 1))}
-    if target.backend == "hip" and "waves_per_eu" in config:
-        options["waves_per_eu"] = int(config["waves_per_eu"])
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    compiled = triton.compile(src, target=target, options=options)
-    shared = int(compiled.metadata.shared)
-    if target.backend == "hip":
-        text = compiled.asm["amdgcn"]
-
-        def field(name):
-            found = re.search(rf"\.{name}:\s+(\d+)", text)
-            return int(found.group(1)) if found else 0
-
-        regs = field("vgpr_count")
-        spills = field("vgpr_spill_count") + field("sgpr_spill_count")
-        shared = max(shared, field("group_segment_fixed_size"))
-        wide = len(re.findall(r"(global|buffer)_load_dwordx4", text))
-        return {"regs": regs, "spills": spills, "shared": shared, "wide_loads": wide,
-                "waves_per_eu_attr": "amdgpu-waves-per-eu" in compiled.asm["llir"], "asm": text}
-    text = compiled.asm["ptx"]
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
-        fh.write(compiled.asm["cubin"])
-        fh.flush()
-        usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", fh.name],
-                               capture_output=True, text=True, check=True).stdout
-    regs = re.search(r"REG:(\d+)", usage)
-    stack = re.search(r"STACK:(\d+)", usage)
-    return {"regs": int(regs.group(1)) if regs else -1,
-            "spills": int(stack.group(1)) if stack else 0, "shared": shared,
-            "wide_loads": len(re.findall(r"ld\.global[.:\w]*\.v4", text)), "asm": text}
-
-
-def _interpreting_here() -> bool:
-    return type(_gemv_kernel).__name__ == "InterpretedFunction"
-
-
-def compile_configs(items: list[tuple[dict, dict]], target, with_asm: bool = False) -> list[dict]:
-    """compile_config for many (config, shape) pairs. Where this process imported Triton under
-    TRITON_INTERPRET=1 (its jit functions, tl.sum's combine function included, are then
-    interpreter objects that cannot be compiled), the compiles run in one child process
-    without the interpreter. A config that fails to compile gives {"error": reason}."""
-    if not _interpreting_here():
-        results = []
-        for config, shape in items:
-            try:
-                res = compile_config(config, shape, target)
-            except Exception as exc:  # noqa: BLE001 - a failing config is data
-                res = {"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}
-            if not with_asm:
-                res.pop("asm", None)
-            results.append(res)
-        return results
-    request = {"target": [target.backend, target.arch, target.warp_size], "with_asm": with_asm,
-               "items": [[config, shape] for config, shape in items]}
-    return run_without_interpreter("kernels.gemv:_compile_request", request)
-
-
-def _compile_request(request: dict) -> list[dict]:
-    """compile_configs in a child process (run_without_interpreter): JSON in, JSON out."""
-    from triton.backends.compiler import GPUTarget
-
-    backend, arch, warp = request["target"]
-    items = [(config, shape) for config, shape in request["items"]]
-    return compile_configs(items, GPUTarget(backend, arch, int(warp)), with_asm=request["with_asm"])

@@ -5,14 +5,22 @@
   scripts/start_postgres.sh); without it the test skips, unless TUNER_REQUIRE_POSTGRES=1 (CI),
   where a missing server is a failure.
 - `shared_traces` is the folder of real third-party traces (../shared/traces beside the checkout).
+- One Triton mode for the whole run, decided here, before any test module imports triton (Triton
+  reads TRITON_INTERPRET when a kernel is first defined, so a per-module setting would depend on
+  which module happens to load first): TRITON_INTERPRET=1, kernels run on the CPU interpreter,
+  unless the caller set it. On a GPU machine run the GPU tests compiled:
+  `TRITON_INTERPRET=0 python3 -m pytest -m gpu`. Tests that need the other mode skip and say so.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-import pytest
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_TRACES = ROOT.parent / "shared" / "traces"

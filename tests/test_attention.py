@@ -1,9 +1,7 @@
 """Decode attention family under the Triton interpreter (CPU): GQA/MQA correctness, head stacking,
 deterministic split-KV, the interface."""
 
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import hashlib  # noqa: E402
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels import get_family  # noqa: E402
-from tuner import bench, parity  # noqa: E402
+from tuner import bench, timing, parity  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -121,22 +120,22 @@ def test_bounds_and_unknown_dtype():
 
 # ------------------------------------------------------------------------------------ timing
 def test_statistics():
-    assert bench.median([3.0, 1.0, 2.0]) == 2.0
-    assert bench.median([4.0, 1.0, 2.0, 3.0]) == 2.5
-    assert bench.spread_pct([99.0, 100.0, 101.0]) == pytest.approx(1.0)
+    assert timing.median([3.0, 1.0, 2.0]) == 2.0
+    assert timing.median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    assert timing.spread_pct([99.0, 100.0, 101.0]) == pytest.approx(1.0)
     values = [1.0 + 0.01 * ((i * 7) % 5 - 2) for i in range(20)]
-    low, high = bench.bootstrap_median_interval(values)
-    assert low <= bench.median(values) <= high
-    assert (low, high) == bench.bootstrap_median_interval(values)  # seeded
+    low, high = timing.bootstrap_median_interval(values)
+    assert low <= timing.median(values) <= high
+    assert (low, high) == timing.bootstrap_median_interval(values)  # seeded
     speedup, lo, hi = bench.paired_from_groups([10.0, 10.2, 9.9, 10.1], [5.0, 5.1, 5.0, 5.05])
     assert lo <= speedup <= hi and 1.9 < speedup < 2.1
 
 
 def test_calls_per_graph_cycles_every_input_set():
-    calls = bench.GraphTimer._calls_per_graph(est_us=3.0, sets=13, target_graph_us=1000.0)
+    calls = timing.GraphTimer._calls_per_graph(est_us=3.0, sets=13, target_graph_us=1000.0)
     assert calls % 13 == 0 and calls * 3.0 >= 1000.0
-    assert bench.GraphTimer._calls_per_graph(280.0, 2, 1000.0) == 8
-    assert bench.GraphTimer._calls_per_graph(0.5, 256, 1000.0) <= bench.MAX_CALLS_PER_GRAPH
+    assert timing.GraphTimer._calls_per_graph(280.0, 2, 1000.0) == 8
+    assert timing.GraphTimer._calls_per_graph(0.5, 256, 1000.0) <= timing.MAX_CALLS_PER_GRAPH
 
 
 def test_cold_input_sets_exceed_twice_l2():

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 

@@ -1,8 +1,6 @@
 """GEMM family under the Triton interpreter (CPU): correctness, split-K determinism, the interface."""
 
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import hashlib  # noqa: E402
 

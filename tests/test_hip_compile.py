@@ -25,6 +25,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from kernels import gemv  # noqa: E402
+from kernels.common import compile_configs  # noqa: E402
 from tuner.spaces import space_for  # noqa: E402
 
 GFX942 = GPUTarget("hip", "gfx942", 64)
@@ -62,14 +63,18 @@ def _representative(configs: list[dict], shape: dict, every: int, heaviest: int)
 def _check_all_fit(target, configs, shape, record_property):
     """Compile every config for target (in a child process when this session imported Triton
     under the interpreter) and assert registers, spills and LDS / shared memory fit."""
-    results = gemv.compile_configs([(c, shape) for c in configs], target)
+    rows = compile_configs("gemv", [(shape, c) for c in configs], target)
     max_regs, max_shared = LIMITS[target.arch]
-    for config, res in zip(configs, results):
+    results = []
+    for config, row in zip(configs, rows):
+        assert not isinstance(row, str), (config, row)  # a failure reason
+        res = row[0]  # the main kernel (a split-K reduce follows it)
         record_property(f"{target.arch}:{gemv.FAMILY.shape_key(shape)}:{config}", res)
-        assert "error" not in res, (config, res)
-        assert 0 < res["regs"] <= max_regs, (config, res)
-        assert res["spills"] == 0, (config, res)
-        assert res["shared"] <= max_shared, (config, res)
+        for report in row:
+            assert 0 < report.n_regs <= max_regs, (config, report)
+            assert report.n_spills == 0, (config, report)
+            assert report.shared <= max_shared, (config, report)
+        results.append(res)
     return results
 
 
@@ -79,7 +84,7 @@ def test_hip_space_subset_compiles_for_gfx942(shape, record_property):
     assert configs
     picked = _representative(configs, shape, every=max(1, len(configs) // 6), heaviest=3)
     results = _check_all_fit(GFX942, picked, shape, record_property)
-    assert all(r["wide_loads"] > 0 for r in results if shape["k"] % 64 == 0)
+    assert all(r.wide_loads > 0 for r in results if shape["k"] % 64 == 0)
 
 
 def test_waves_per_eu_reaches_the_amd_compiler(record_property):
@@ -87,8 +92,8 @@ def test_waves_per_eu_reaches_the_amd_compiler(record_property):
     base = {"ROWS_PER_BLOCK": 4, "BLOCK_K": 1024, "SPLIT_K": 1, "num_warps": 4, "num_stages": 1}
     loose, tight = _check_all_fit(GFX942, [{**base, "waves_per_eu": 0},
                                            {**base, "waves_per_eu": 4}], shape, record_property)
-    assert tight["waves_per_eu_attr"]  # the occupancy hint reaches the LLVM IR
-    assert tight["regs"] <= 128 < 512 and loose["regs"] > 0
+    assert tight.waves_per_eu_attr  # the occupancy hint reaches the LLVM IR
+    assert tight.n_regs <= 128 < 512 and loose.n_regs > 0
 
 
 @pytest.mark.parametrize("shape", SHAPES[:2], ids=lambda s: gemv.FAMILY.shape_key(s))
@@ -104,15 +109,15 @@ def test_default_configs_load_w_with_wide_vectors(record_property):
     shape = {"m": 1, "n": 14336, "k": 4096, "dtype": "bfloat16"}
     (cuda,) = _check_all_fit(SM90, [gemv.default_config(shape, "cuda", 132)], shape,
                              record_property)
-    assert cuda["wide_loads"] > 0
+    assert cuda.wide_loads > 0
     (hip,) = _check_all_fit(GFX942, [gemv.default_config(shape, "hip", 304)], shape,
                             record_property)
-    assert hip["wide_loads"] > 0
+    assert hip.wide_loads > 0
     m4 = {**shape, "m": 4}
     dot = gemv.default_config(m4, "cuda", 132)
     assert dot["USE_DOT"] == 1
-    (res,) = gemv.compile_configs([(dot, m4)], SM90, with_asm=True)
-    assert "cp.async" in res["asm"] and "mma" in res["asm"]
+    ((res,),) = compile_configs("gemv", [(m4, dot)], SM90, with_asm=True)
+    assert "cp.async" in res.asm and "mma" in res.asm
 
 
 def test_dcu_space_sample_compiles_for_gfx90a_proxy(record_property):

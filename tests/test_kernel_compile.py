@@ -5,7 +5,7 @@ to ptxas (bundled with triton), and GPUTarget("hip", "gfx942", 64) the whole AMD
 an hsaco. Hygon DCU archs (gfx926/928/936/938) are unknown to upstream Triton: the dcu spaces are
 compiled for gfx942 as a gfx9 proxy. Each test prints n_regs / n_spills / shared per kernel.
 
-`kernels.gemm.compile_configs` compiles in a clean subprocess when this process imported
+`kernels.common.compile_configs` compiles in a clean subprocess when this process imported
 triton.language under TRITON_INTERPRET=1 (other test modules set it); all jobs of a family and
 target go through one call, made once per session.
 """
@@ -18,7 +18,7 @@ import pytest
 from triton.backends.compiler import GPUTarget
 
 from kernels import attention, gemm
-from kernels.gemm import compile_configs
+from kernels.common import compile_configs
 from tuner.spaces import space_for
 
 TARGETS = {"cuda": GPUTarget("cuda", 90, 32), "hip": GPUTarget("hip", "gfx942", 64),

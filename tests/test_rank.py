@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (kernels.gemv)
 
 import optuna  # noqa: E402
 import pytest  # noqa: E402
@@ -21,7 +19,6 @@ from tuner import rank  # noqa: E402
 from tuner.cli import main  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
 from tuner import units  # noqa: E402
-from tuner.device import choose_profile  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

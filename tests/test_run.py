@@ -12,7 +12,6 @@ import json
 import math
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402

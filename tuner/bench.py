@@ -30,24 +30,13 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from .errors import TunerError
+from .errors import CandidateFailure, TunerError
+from .timing import GraphTimer, bootstrap_median_interval, median, spread_pct
 
 DEFAULT_GROUPS = 10
 DEFAULT_REPLAYS = 10
-TARGET_GRAPH_US = 1000.0
-MAX_CALLS_PER_GRAPH = 2000
-HIP_MAX_LAUNCHES_PER_GRAPH = 1000
-LAUNCHES_PER_CALL_BOUND = 2  # e.g. a split-k GEMV: main kernel + reduction
 MAX_INPUT_SETS = 256
 FALLBACK_L2_BYTES = 64 << 20
-
-
-class CandidateFailure(TunerError):
-    """A config that fails to compile, launch or capture; `reason` is one line."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass
@@ -71,33 +60,6 @@ class Paired:
     noise_pct: float  # spread of the reference's own group medians (A/A), %
     reference: Timing | None = None
     candidate: Timing | None = None
-
-
-# ------------------------------------------------------------------------------------- helpers
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        raise ValueError("median of nothing")
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-
-
-def spread_pct(values: list[float]) -> float:
-    mid = median(values)
-    return 100.0 * (max(values) - min(values)) / 2.0 / mid if mid > 0 else float("inf")
-
-
-def bootstrap_median_interval(values: list[float], *, resamples: int = 2000,
-                              level: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the median (deterministic: seeded)."""
-    if len(values) < 2:
-        return (values[0], values[0]) if values else (float("nan"), float("nan"))
-    rng = random.Random(seed)
-    n = len(values)
-    meds = sorted(median([values[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
-    lo = meds[int(math.floor((1 - level) / 2 * (resamples - 1)))]
-    hi = meds[int(math.ceil((1 + level) / 2 * (resamples - 1)))]
-    return lo, hi
 
 
 def _torch():
@@ -159,12 +121,6 @@ def backend_name(device=None) -> str:
     return "dcu" if fields["is_dcu"] else fields["backend"]
 
 
-def _is_hip() -> bool:
-    import torch
-
-    return bool(getattr(torch.version, "hip", None))
-
-
 def l2_bytes(device=None) -> int:
     dev = _device(device)
     if dev.type == "cpu":
@@ -211,127 +167,6 @@ def _callable_for(family, shape: dict, which, backend: str):
         raise TunerError(f"unknown reference {which!r}: use 'baseline', 'default' or a config")
     config = dict(which)
     return str(config), lambda inputs: family.launch(inputs, config)
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = next((line for line in text if line.strip()), "")
-    return f"{type(exc).__name__}: {first[:300]}"
-
-
-def _first_device(inputs: dict):
-    for value in inputs.values():
-        if hasattr(value, "device"):
-            return value.device
-    raise TunerError("input set holds no tensor")
-
-
-class GraphTimer:
-    """A CUDA graph of `calls` calls of fn cycling through input sets, and its timed replays.
-
-    On a CPU device (only for tests under TRITON_INTERPRET=1) the same protocol runs without a
-    graph: a "replay" runs the calls eagerly and is timed with time.perf_counter."""
-
-    def __init__(self, fn, input_sets: list[dict], *, target_graph_us: float = TARGET_GRAPH_US,
-                 min_calls: int = 8):
-        import torch
-
-        self.torch = torch
-        self.sets = input_sets
-        self.gpu = _first_device(input_sets[0]).type == "cuda"
-        try:
-            for inputs in input_sets:  # warm-up: compile, autotune libraries, allocate
-                fn(inputs)
-            self._sync()
-            est_us = self._estimate_us(fn)
-            self.calls = self._calls_per_graph(est_us, len(input_sets), target_graph_us,
-                                               min_calls)
-
-            def body():
-                for i in range(self.calls):
-                    fn(input_sets[i % len(input_sets)])
-
-            if self.gpu:
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    fn(input_sets[0])  # one more eager call on a side stream before capture
-                torch.cuda.current_stream().wait_stream(stream)
-                torch.cuda.synchronize()
-                self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph):
-                    body()
-                torch.cuda.synchronize()
-                self._replay = self.graph.replay
-            else:
-                self._replay = body
-            self._replay()  # the first replay uploads the graph
-            self._sync()
-        except CandidateFailure:
-            raise
-        except Exception as exc:  # noqa: BLE001 - every compile/launch/capture fault is data
-            raise CandidateFailure(_reason(exc)) from None
-
-    def _sync(self) -> None:
-        if self.gpu:
-            self.torch.cuda.synchronize()
-
-    def _estimate_us(self, fn) -> float:
-        import time
-
-        n = max(len(self.sets), 8 if self.gpu else 1)
-        if self.gpu:
-            torch = self.torch
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            for i in range(n):
-                fn(self.sets[i % len(self.sets)])
-            end.record()
-            end.synchronize()
-            return max(start.elapsed_time(end) * 1e3 / n, 0.5)
-        t0 = time.perf_counter()
-        for i in range(n):
-            fn(self.sets[i % len(self.sets)])
-        return max((time.perf_counter() - t0) * 1e6 / n, 0.5)
-
-    @staticmethod
-    def _calls_per_graph(est_us: float, sets: int, target_graph_us: float,
-                         min_calls: int = 8) -> int:
-        """Enough calls for a replay of ~target_graph_us, a multiple of the number of sets, at
-        most MAX_CALLS_PER_GRAPH (ROCm: ~1000 launches, two per call)."""
-        cap = MAX_CALLS_PER_GRAPH
-        if _is_hip():
-            cap = HIP_MAX_LAUNCHES_PER_GRAPH // LAUNCHES_PER_CALL_BOUND
-        calls = max(sets, math.ceil(target_graph_us / est_us), min_calls)
-        calls = math.ceil(calls / sets) * sets
-        if calls > cap:
-            calls = (cap // sets) * sets if sets <= cap else cap
-        return calls
-
-    def group(self, replays: int) -> float:
-        """Median µs per call over `replays` timed replays."""
-        import time
-
-        try:
-            if not self.gpu:
-                times = []
-                for _ in range(replays):
-                    t0 = time.perf_counter()
-                    self._replay()
-                    times.append((time.perf_counter() - t0) * 1e6 / self.calls)
-                return median(times)
-            torch = self.torch
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-            for i in range(replays):
-                starts[i].record()
-                self._replay()
-                ends[i].record()
-            ends[-1].synchronize()
-        except Exception as exc:  # noqa: BLE001
-            raise CandidateFailure(_reason(exc)) from None
-        return median([s.elapsed_time(e) * 1e3 / self.calls for s, e in zip(starts, ends)])
 
 
 def _timing(groups: list[float], cache: str, timer: GraphTimer) -> Timing:

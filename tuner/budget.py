@@ -26,20 +26,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from kernels.cost import attention_cost, dtype_bytes, dtype_name, gemm_cost
+
 from .device import DeviceProfile
 from .errors import NoGPUError, TunerError, warn
 from .tables import read_parquet, write_parquet
 from .units import DEFAULT_THRESHOLD, Threshold, is_number, pct as _pct
-
-# Bytes per element for the dtype names a trace can carry (torch names, c10 names, short names).
-DTYPE_BYTES: dict[str, int] = {
-    "float64": 8, "double": 8,
-    "float32": 4, "float": 4,
-    "bfloat16": 2, "float16": 2, "half": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
-    "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2, "short": 2,
-    "int8": 1, "uint8": 1, "bool": 1,
-}
 
 # The profile measures the dense bf16 matmul rate. It bounds fp16/bf16 matmuls and, because fp32
 # and fp64 matmuls are never faster than bf16 on these GPUs, it is still a valid (low) floor for
@@ -79,15 +71,6 @@ def saving_per_call_needed(share: float, step_us: float, calls_per_step: float,
     return share * step_us / (calls_per_step * hit_rate)
 
 
-def dtype_name(dtype: str) -> str:
-    """'torch.bfloat16' / 'c10::BFloat16' / 'bfloat16' -> 'bfloat16'."""
-    return str(dtype).strip().lower().removeprefix("torch.").removeprefix("c10::")
-
-
-def dtype_bytes(dtype: str) -> int | None:
-    return DTYPE_BYTES.get(dtype_name(dtype))
-
-
 def _int_or_none(row, column: str) -> int | None:
     if column not in row or pd.isna(row[column]):
         return None
@@ -95,18 +78,18 @@ def _int_or_none(row, column: str) -> int | None:
 
 
 def bytes_and_flops(row) -> tuple[float, float, str]:
-    """(bytes moved, flops, why-not) for one ShapeTable row; NaN and a reason when unknown."""
+    """(bytes moved, flops, why-not) for one ShapeTable row, by the kernels' cost model
+    (kernels.cost, the same one the families' bytes_moved / flops use); NaN and a reason when
+    unknown."""
     size = dtype_bytes(row["dtype"])
     if size is None:
         return math.nan, math.nan, f"unknown dtype {row['dtype']!r}"
     family = str(row["family"])
     if family == "gemm":
         m, n, k, batch = (int(row[c]) for c in ("m", "n", "k", "batch"))
-        batch = max(batch, 1)
-        elements = batch * (m * k + k * n + m * n)  # A[m,k], B[k,n], out[m,n], per batch
-        if str(row["op"]) in BIAS_OPS:
-            elements += n  # the bias vector
-        return float(elements * size), 2.0 * m * n * k * batch, ""
+        nbytes, nflops = gemm_cost(m, n, k, batch=batch, elem_bytes=size,
+                                   bias=str(row["op"]) in BIAS_OPS)
+        return float(nbytes), float(nflops), ""
     if family == "attention":
         heads = _int_or_none(row, "heads")
         kv_heads = _int_or_none(row, "kv_heads") or heads
@@ -115,10 +98,10 @@ def bytes_and_flops(row) -> tuple[float, float, str]:
         head_dim = _int_or_none(row, "head_dim")
         if None in (heads, q_len, kv_len, head_dim):
             return math.nan, math.nan, "attention row lacks heads/q_len/kv_len/head_dim"
-        batch = max(int(row["batch"]), 1)
-        # q and out: [batch, heads, q_len, head_dim]; k and v cache: [batch, kv_heads, kv_len, head_dim]
-        elements = 2 * batch * heads * q_len * head_dim + 2 * batch * kv_heads * kv_len * head_dim
-        return float(elements * size), 4.0 * batch * heads * q_len * kv_len * head_dim, ""
+        nbytes, nflops = attention_cost(batch=int(row["batch"]), heads=heads, kv_heads=kv_heads,
+                                        q_len=q_len, kv_len=kv_len, head_dim=head_dim,
+                                        elem_bytes=size)
+        return float(nbytes), float(nflops), ""
     return math.nan, math.nan, f"no byte/flop model for family {family!r}"
 
 

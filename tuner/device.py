@@ -243,6 +243,15 @@ def _require_gpu():
     return torch
 
 
+def is_hip() -> bool:
+    """Whether this torch is a ROCm (HIP) build: AMD GPUs and Hygon DCUs."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return bool(getattr(torch.version, "hip", None))
+
+
 def versions() -> dict:
     import platform
 
@@ -272,28 +281,6 @@ def detect(device: int | None = None) -> dict:
     return detect_fields(props, getattr(torch.version, "hip", None), torch.version.cuda)
 
 
-def _time_events(torch, fn, repeats: int) -> list[float]:
-    """Seconds per call of fn, one CUDA-event pair per call, after one warm-up call."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return times
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-
-
 def measure_read_bandwidth(buffer_bytes: int = 4 << 30, repeats: int = 20) -> dict:
     """Read bandwidth in bytes/s: a read-only streaming Triton sum over a buffer far above L2
     (one fp32 partial per program, wide loads), and torch's sum over the same buffer as a
@@ -316,8 +303,10 @@ def measure_read_bandwidth(buffer_bytes: int = 4 << 30, repeats: int = 20) -> di
         buf.sum(dtype=torch.int64)
 
     nbytes = buf.numel() * buf.element_size()
-    triton_s = _median(_time_events(torch, triton_read, repeats))
-    torch_s = _median(_time_events(torch, torch_read, repeats))
+    from .timing import median, time_events
+
+    triton_s = median(time_events(triton_read, repeats)) * 1e-6
+    torch_s = median(time_events(torch_read, repeats)) * 1e-6
     del buf, partial
     torch.cuda.empty_cache()
     triton_bw, torch_bw = nbytes / triton_s, nbytes / torch_s
@@ -363,7 +352,9 @@ def measure_matmul_rate(size: int = 8192, repeats: int = 20) -> dict:
 
     for _ in range(3):
         run()
-    seconds = _median(_time_events(torch, run, repeats))
+    from .timing import median, time_events
+
+    seconds = median(time_events(run, repeats)) * 1e-6
     del a, b, c
     torch.cuda.empty_cache()
     return {"flops_per_s": 2.0 * size**3 / seconds, "size": size,

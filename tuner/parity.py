@@ -27,7 +27,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-from .errors import NoGPUError, TunerError
+from .errors import CandidateFailure, NoGPUError, TunerError, one_line
 
 REL_ERR_BOUNDS = {"bfloat16": 1e-2, "float16": 1e-3, "float32": 1e-5}
 
@@ -150,14 +150,12 @@ class Checker:
 
     def run(self, config: dict):
         """Launch config into a NaN-poisoned output; returns the output tensor."""
-        from .bench import CandidateFailure, _reason
-
         out = _poisoned_like(self.template)
         try:
             result = self.family.launch(self.inputs, dict(config), out=out)
             _sync(self.device)
         except Exception as exc:  # noqa: BLE001 - a failing config is data
-            raise CandidateFailure(_reason(exc)) from None
+            raise CandidateFailure(one_line(exc)) from None
         return out if result is None else result
 
     def judge(self, result, mode: str = "exact") -> ParityResult:
