@@ -143,7 +143,7 @@ def test_nearest_m_same_other_keys(loader):
     ("triton", "3.5.1"),
     ("kernel_hash", "ffffffffffffffff"),
 ])
-def test_mismatched_export_is_refused_with_one_warning(loader, capsys, field, value):
+def test_mismatched_export_is_refused_with_one_warning(loader, caplog, field, value):
     export.export(verdicts(ENTRIES), out_root=loader)
     path = loader / "nvidia-h200" / "gemv.json"
     doc = json.loads(path.read_text())
@@ -156,24 +156,30 @@ def test_mismatched_export_is_refused_with_one_warning(loader, capsys, field, va
     else:
         doc["kernel_hash"] = value
     path.write_text(json.dumps(doc))
-    capsys.readouterr()
+    caplog.clear()
     shapes = [{"m": m, "n": n, "k": k, "dtype": "bfloat16"} for m, n, k, _, _ in ENTRIES]
     for _ in range(3):
         for shape in shapes:
             assert runtime.config_for("gemv", shape) == GEMV.default_config(shape, "cuda")
-    err = capsys.readouterr().err
-    assert err.count("tuner: warning:") == 1, err
-    assert "refusing" in err and value in err
+    warnings = runtime_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert "refusing" in warnings[0] and value in warnings[0]
     assert runtime.hit_counts() == {}
     assert sum(runtime.miss_counts()["gemv"].values()) == 9
 
 
-def test_missing_export_warns_once_and_uses_defaults(loader, capsys):
+def runtime_warnings(caplog) -> list[str]:
+    """The runtime loader's warnings: through logging ('tuner.runtime'), not the CLI's printer."""
+    return [r.getMessage() for r in caplog.records
+            if r.name == "tuner.runtime" and r.levelname == "WARNING"]
+
+
+def test_missing_export_warns_once_and_uses_defaults(loader, caplog):
     shape = {"m": 4, "n": 4864, "k": 896, "dtype": "bfloat16"}
     assert runtime.config_for("gemv", shape) == GEMV.default_config(shape, "cuda")
     assert runtime.config_for("gemv", shape) == GEMV.default_config(shape, "cuda")
-    err = capsys.readouterr().err
-    assert err.count("tuner: warning:") == 1 and "no export" in err
+    warnings = runtime_warnings(caplog)
+    assert len(warnings) == 1 and "no export" in warnings[0]
 
 
 def test_export_dir_default_is_per_device(monkeypatch):

@@ -49,7 +49,6 @@ MEASURED_COLUMNS = [
 IDENTITY_COLUMNS = [
     "device_name", "arch", "backend", "torch", "triton", "kernel_hash", "fp_fusion", "measured_at",
 ]
-EXTRA_COLUMNS = MEASURED_COLUMNS + IDENTITY_COLUMNS
 
 ACCEPT, RUNNER_UP, REJECT = "accept", "runner-up", "reject"
 

@@ -28,17 +28,18 @@ returned dict is shared: do not modify it. Importing this module needs no GPU (n
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import warn
+# Serving code imports this module: it reports through `logging` (its own logger, no handler of
+# ours), never through the CLI's stderr printer, and never raises into the caller.
+log = logging.getLogger("tuner.runtime")
 
 EXPORT_ROOT = Path("artifacts") / "export"
 EXPORT_FORMAT = "tuner-export/1"
-# What must match between an export file and this process for the file to be used.
-MATCHED_FIELDS = ("device", "arch", "triton", "kernel_hash")
 
 
 def device_key_for(name: str) -> str:
@@ -49,45 +50,20 @@ def device_key_for(name: str) -> str:
 def detect_identity() -> dict | None:
     """The identity of the current GPU and software stack, or None without a GPU.
 
-    Keys: key, name, arch, backend, torch, triton. Tests monkeypatch `current_identity`.
+    Keys: key, name, arch, backend, torch, triton (tuner.device's detection, so names and arches
+    match the device profiles). Tests monkeypatch `current_identity`.
     """
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    try:  # the project's detection (tuner.device), so names and arches match the profiles
-        from .device import detect, versions
+    from .device import detect, versions
+    from .errors import TunerError
 
-        fields, found = detect(), versions()
-        return {"key": device_key_for(fields["name"]), "name": fields["name"],
-                "arch": fields["arch"], "backend": fields["backend"],
-                "torch": found.get("torch", torch.__version__), "triton": found.get("triton", "")}
-    except (ImportError, AttributeError, KeyError):
-        pass
-    index = torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(index)
-    if getattr(torch.version, "hip", None):
-        backend = "hip"
-        arch = str(getattr(props, "gcnArchName", "") or "").split(":")[0] or "gfx?"
-    else:
-        backend = "cuda"
-        arch = f"sm{props.major}{props.minor}"
     try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = ""
-    return {
-        "key": device_key_for(props.name),
-        "name": props.name,
-        "arch": arch,
-        "backend": backend,
-        "torch": torch.__version__,
-        "triton": triton_version,
-    }
+        fields = detect()
+    except TunerError:  # no GPU visible
+        return None
+    found = versions()
+    return {"key": device_key_for(fields["name"]), "name": fields["name"], "arch": fields["arch"],
+            "backend": fields["backend"], "torch": found.get("torch", ""),
+            "triton": found.get("triton", "")}
 
 
 _IDENTITY: dict | None = None
@@ -225,7 +201,7 @@ def _loaded(family: str) -> LoadedExport:
         loaded = load_family(family)
         _LOADED[family] = loaded
         if loaded.status != "loaded":  # refused, missing, unreadable, no-device: one warning
-            warn(f"{loaded.detail}; {family} calls run the untuned path")
+            log.warning("%s; %s calls run the baseline path", loaded.detail, family)
     return loaded
 
 

@@ -1,0 +1,166 @@
+"""The structure the code keeps (issue: one implementation of each idea).
+
+Read from the source itself (ast), so a second copy of a shared idea, a kernels module that drags
+the pipeline in, or a family hash that misses a module its kernels use fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import kernels
+from kernels import get_family
+from tuner import budget, shapetable
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("tuner", "kernels")
+
+
+def modules() -> dict[str, Path]:
+    """{dotted module name: path} of every module of the project's packages."""
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = list(rel.parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """Modules a file imports at module level (not inside functions), as absolute names."""
+    tree = ast.parse(path.read_text())
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                name = f"{base}.{node.module}" if node.module else base
+            else:
+                name = node.module or ""
+            found.add(name)
+            found.update(f"{name}.{alias.name}" for alias in node.names)
+    return found
+
+
+def top_level_definitions() -> dict[str, list[str]]:
+    """{name: [module, ...]} of every top-level function and class of the packages."""
+    out: dict[str, list[str]] = {}
+    for name, path in modules().items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                out.setdefault(node.name, []).append(name)
+    return out
+
+
+@pytest.mark.parametrize("family", kernels.family_names())
+def test_a_family_hash_covers_every_kernels_module_it_uses(family):
+    """A change in any kernels module a family imports must change its kernel hash, or the
+    runtime loader accepts a stale export (attention imported helpers from gemm.py while its hash
+    covered attention.py alone)."""
+    fam = get_family(family)
+    path = Path(kernels.FAMILY_MODULES[family].replace(".", "/") + ".py")
+    used = {name for name in top_level_imports(ROOT / path)
+            if name == "kernels" or name.startswith("kernels.")}
+    files = {Path(p).resolve() for p in fam.source_files}
+    known = modules()
+    for name in used:
+        module_file = known.get(name)
+        if module_file is None:  # "kernels.common.DTYPES": a name, not a module
+            continue
+        assert module_file.resolve() in files, f"{family} uses {name} but its hash misses it"
+    assert (ROOT / path).resolve() in files
+
+
+def test_a_change_in_a_shared_kernel_module_changes_every_family_hash(monkeypatch):
+    before = {name: get_family(name).source_hash() for name in kernels.family_names()}
+    common = (ROOT / "kernels" / "common.py").resolve()
+    read = Path.read_bytes
+
+    def edited(self):
+        data = read(self)
+        return data + b"\n# edited\n" if Path(self).resolve() == common else data
+
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    after = {name: get_family(name).source_hash() for name in kernels.family_names()}
+    assert all(before[name] != after[name] for name in before)
+
+
+def test_kernels_never_import_the_pipeline_at_module_level():
+    """Serving code imports kernels: importing them must not import tuner (no kernels <-> tuner
+    cycle); the entry points import tuner.runtime when first called."""
+    for name, path in modules().items():
+        if name.split(".")[0] != "kernels":
+            continue
+        assert not any(i == "tuner" or i.startswith("tuner.") for i in top_level_imports(path)), name
+
+
+def test_no_import_cycle_between_bench_and_parity():
+    assert not any(i.startswith("tuner.bench") for i in
+                   top_level_imports(ROOT / "tuner" / "parity.py"))
+
+
+@pytest.mark.parametrize("name", [
+    "parse_duration", "parse_threshold", "Threshold", "parse_share", "parse_positive",
+    "choose_profile", "spec_key_for", "time_events", "GraphTimer", "median", "compile_call",
+    "compile_configs", "CompileReport", "CandidateFailure", "KernelCall", "launch_options",
+    "fix_interpreter", "gemm_cost", "attention_cost", "dtype_bytes", "run_without_interpreter",
+])
+def test_each_shared_idea_is_defined_once(name):
+    where = top_level_definitions().get(name, [])
+    assert len(where) == 1, f"{name} is defined in {where}"
+
+
+def test_every_family_has_the_same_default_config_signature():
+    import inspect
+
+    signatures = {name: list(inspect.signature(get_family(name).default_config).parameters)
+                  for name in kernels.family_names()}
+    assert all(params == ["shape", "backend", "sm_count"] for params in signatures.values()), signatures
+
+
+# ------------------------------------------------------ budget and the families cost alike
+ROWS = [
+    dict(op="aten::mm", family="gemm", m=4, n=4864, k=896, batch=1, dtype="bfloat16", layout="NT"),
+    dict(op="aten::addmm", family="gemm", m=4, n=1152, k=896, batch=1, dtype="bfloat16",
+         layout="NT"),
+    dict(op="aten::mm", family="gemm", m=512, n=896, k=4864, batch=1, dtype="bfloat16",
+         layout="NT"),
+    dict(op="aten::scaled_dot_product_attention", family="attention", m=1, n=0, k=64, batch=4,
+         dtype="bfloat16", layout="", heads=14, kv_heads=2, q_len=1, kv_len=300, head_dim=64),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['op']}-m{r['m']}")
+def test_budget_costs_a_row_as_its_kernel_family_does(row):
+    full = {c: 0 for c in shapetable.COLUMNS} | {"calls": 1, "steps": 1, "calls_per_step": 1.0,
+                                                  "us_per_call": 1.0, "step_us": 1.0,
+                                                  "step_gpu_us": 1.0, "share": 0.0,
+                                                  "kernels": "", "source": "", "device": "",
+                                                  "phase": "decode"} | row
+    series = shapetable.normalize(pd.DataFrame([full])).iloc[0]
+    nbytes, nflops, why = budget.bytes_and_flops(series)
+    assert why == ""
+    served = [(name, get_family(name).shape_from_row(series)) for name in kernels.family_names()]
+    served = [(name, shape) for name, shape in served if shape is not None]
+    assert len(served) == 1, served
+    name, shape = served[0]
+    fam = get_family(name)
+    assert (nbytes, nflops) == (fam.bytes_moved(shape), fam.flops(shape))
+
+
+def test_structure_test_reads_real_files():
+    """The checks above read the project's own files (not an empty tree)."""
+    assert len(modules()) > 15
+    digest = hashlib.sha256((ROOT / "kernels" / "common.py").read_bytes()).hexdigest()
+    assert len(digest) == 64
