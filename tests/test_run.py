@@ -16,7 +16,7 @@ import os
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from tuner import rank, report, runtime  # noqa: E402
+from tuner import rank, run, runtime  # noqa: E402
 from tuner.cli import main  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
 from tuner import units  # noqa: E402
@@ -32,7 +32,7 @@ IDENTITY = {"key": "nvidia-h200", "name": "NVIDIA H200", "arch": "sm90", "backen
 @pytest.fixture(autouse=True)
 def no_gpu(monkeypatch):
     """These tests take the CPU path even on a GPU machine (the GPU path is scripts/gpu/run.sh)."""
-    monkeypatch.setattr(report, "have_gpu", lambda: False)
+    monkeypatch.setattr(run, "have_gpu", lambda: False)
 
 
 def test_run_on_cpu_stops_after_the_plan(tmp_path, capsys):
@@ -58,7 +58,7 @@ def test_run_graph_captured_plan_shares_the_time_budget(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and "search needs a GPU" in out
     assert "search plan: 5 gemv shape(s), 4.0 min in total" in out
-    result = report.run(TRACE, graph_captured=True, timeout="4m", out_dir=tmp_path / "again",
+    result = run.run(TRACE, graph_captured=True, timeout="4m", out_dir=tmp_path / "again",
                         gpu=False, out=lambda line: None)
     plan = result.plan
     assert sorted(plan["shape_key"]) == ["m=4,n=128,k=896,dtype=bfloat16,bias=1",
@@ -154,7 +154,7 @@ def replayed_measure(study, candidate, parity_mode):
 def test_whole_pipeline_with_swapped_gpu_timing(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
     lines = []
-    result = report.run(TRACE, graph_captured=True, timeout="2m", trials=6,
+    result = run.run(TRACE, graph_captured=True, timeout="2m", trials=6,
                         storage=str(tmp_path / "studies.db"), out_dir=tmp_path / "run",
                         export_root=tmp_path / "export", gpu=True, out=lines.append,
                         objective=cheap_objective, measure=replayed_measure)

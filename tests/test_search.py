@@ -230,11 +230,6 @@ def test_tpe_postgres_two_workers_resume_is_idempotent(pg):
     assert more.shapes[0].best_us <= first.shapes[0].best_us
 
 
-class _Pipe:
-    def send(self, message):
-        pass
-
-
 class _CountingObjective(FakeObjective):
     def __init__(self, plan):
         super().__init__(plan)
@@ -271,8 +266,7 @@ def test_grid_worker_with_a_stale_view_never_measures_what_another_worker_has(tm
                                                              search.valid_params(plan)))
     objective = _CountingObjective(plan)
     for _ in range(30):
-        worker_b.optimize(lambda t: search._run_trial(t, plan, stale, objective, _Pipe(), 1, {}),
-                          n_trials=1, catch=(search.TrialFailed,))
+        search.run_trial(worker_b, plan, stale, objective)
     assert objective.evaluated == []
     trials = worker_b.get_trials(deepcopy=False)
     mine = trials[plan.n_valid:]
@@ -540,5 +534,5 @@ def test_was_enqueued_reads_the_queued_params_of_a_live_trial():
     study = optuna.create_study()
     study.enqueue_trial({"x": 1})
     queued = study.ask()
-    assert search._was_enqueued(queued)
-    assert not search._was_enqueued(study.ask())
+    assert search.was_enqueued(queued)
+    assert not search.was_enqueued(study.ask())

@@ -519,9 +519,9 @@ def _add_run(sub) -> None:
 
 
 def cmd_run(args) -> int:
-    from . import report
+    from . import run
 
-    report.run(args.trace, family=args.family, timeout=args.timeout, storage=args.storage,
+    run.run(args.trace, family=args.family, timeout=args.timeout, storage=args.storage,
                device=args.device, min_saving=args.min_saving, out_dir=args.output,
                export_root=args.export_dir, top=args.top, parity=args.parity,
                min_speedup=args.min_speedup, graph_captured=args.graph_captured,

@@ -20,8 +20,12 @@ from pathlib import Path
 import pandas as pd
 
 from .device import choose_profile
+from .search import have_gpu
 from .units import DEFAULT_THRESHOLD, parse_duration, parse_threshold
-from .errors import TunerError, warn
+from .errors import TunerError
+
+__all__ = ["RUNS_DIR", "RunResult", "check_trace", "harvest_trace", "plan_lines", "plan_markdown",
+           "plan_search", "run", "run_search", "trace_name"]
 
 RUNS_DIR = Path("artifacts") / "run"
 
@@ -50,15 +54,6 @@ def trace_name(trace: str | Path) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name) or "trace"
 
 
-def have_gpu() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except ImportError:
-        return False
-
-
 def harvest_trace(trace: str | Path, top: int = 8) -> pd.DataFrame:
     """Harvest the trace (tuner.harvest) and print its summary and top rows."""
     from . import harvest
@@ -68,58 +63,42 @@ def harvest_trace(trace: str | Path, top: int = 8) -> pd.DataFrame:
     return result.table
 
 
-def family_rows(budget: pd.DataFrame, family: str) -> pd.DataFrame:
-    """Budget rows the kernel family serves, with their shape dict and key (columns shape, key)."""
-    from kernels import get_family
-
-    fam = get_family(family)
-    shapes, keys, keep = [], [], []
-    for i, row in budget.iterrows():
-        shape = fam.shape_from_row(row)
-        if shape is not None:
-            keep.append(i)
-            shapes.append(shape)
-            keys.append(fam.shape_key(shape))
-    out = budget.loc[keep].copy()
-    out["kernel_shape"] = shapes
-    out["shape_key"] = keys
-    return out.reset_index(drop=True)
-
-
 def plan_search(budget: pd.DataFrame, family: str, timeout_s: float) -> pd.DataFrame:
-    """Which shapes the search would spend time on and how much: the kept rows of the family,
-    the time budget shared in proportion to what each could save per token (as tuner search
-    does). Rows of one kernel shape (e.g. the same linear in two phases) are searched once."""
-    rows = family_rows(budget, family)
-    kept = rows[rows["verdict"] == "keep"]
-    if kept.empty:
-        return kept.assign(seconds=pd.Series(dtype=float))
-    kept = kept.assign(_w=kept["headroom_us_per_token"].fillna(0.0).clip(lower=0.0),
-                       _bc=kept["baseline_us"] * kept["calls_per_step"],
-                       _fc=kept["floor_us"] * kept["calls_per_step"])
-    # rows of one kernel shape in one phase (e.g. addmm and mm of the same linear) run in the
-    # same step: their calls and headroom add up; baseline and floor are call-weighted means
-    per_phase = (kept.groupby(["shape_key", "phase"], sort=False)
-                 .agg(shape=("kernel_shape", "first"), calls_per_step=("calls_per_step", "sum"),
-                      _bc=("_bc", "sum"), _fc=("_fc", "sum"),
-                      headroom_us_per_token=("_w", "sum"), headroom_share=("headroom_share", "sum"),
-                      step_us=("step_us", "first"), step_basis_us=("step_basis_us", "first"),
-                      hit_rate=("hit_rate", "first"))
-                 .reset_index())
-    per_phase["baseline_us"] = per_phase["_bc"] / per_phase["calls_per_step"]
-    per_phase["floor_us"] = per_phase["_fc"] / per_phase["calls_per_step"]
-    # one shape in several phases: one study, described by its largest phase, weighted by all
-    per_phase = per_phase.sort_values("headroom_us_per_token", ascending=False, kind="stable")
-    weights = per_phase.groupby("shape_key", sort=False)["headroom_us_per_token"].sum()
-    grouped = per_phase.drop_duplicates("shape_key", keep="first").drop(columns=["_bc", "_fc"])
-    grouped["headroom_us_per_token"] = grouped["shape_key"].map(weights)
-    grouped = grouped.reset_index(drop=True)
-    total = grouped["headroom_us_per_token"].sum()
-    if total > 0:
-        grouped["seconds"] = timeout_s * grouped["headroom_us_per_token"] / total
+    """Which shapes the search would spend time on and how much: tuner.search's planner on this
+    run's budget (`search.plan_shapes`), with the time budget shared by weight as tuner search
+    shares it (column `seconds`)."""
+    from . import search
+
+    plan, _ = search.plan_shapes(budget, family)
+    return plan.assign(seconds=search.share_seconds(list(plan["weight"]), timeout_s))
+
+
+def check_trace(trace: Path) -> None:
+    """A trace must exist and be a trace: a parquet table given instead is named, with the
+    command that takes it."""
+    if not trace.exists():
+        raise TunerError(f"trace not found: {trace}")
+    if not trace.is_file():
+        return  # a profiler directory: harvest reads it
+    with open(trace, "rb") as f:
+        magic = f.read(4)
+    if magic != b"PAR1":
+        return
+    try:
+        import pyarrow.parquet as pq
+
+        columns = set(pq.read_schema(trace).names)
+    except Exception:  # noqa: BLE001 - a damaged parquet file: still not a trace
+        columns = set()
+    if "decision" in columns:
+        what, command = "a verdict table (from `tuner rank`)", f"`tuner export {trace}`"
+    elif "verdict" in columns:
+        what, command = "a budget table (from `tuner budget`)", f"`tuner search {trace}`"
     else:
-        grouped["seconds"] = timeout_s / len(grouped)
-    return grouped.sort_values("headroom_us_per_token", ascending=False).reset_index(drop=True)
+        what, command = "a shape table (from `tuner harvest`)", \
+            f"`tuner budget {trace}` or `tuner search {trace}`"
+    raise TunerError(f"{trace} is {what}, not a profiler trace: `tuner run` takes a torch "
+                     f"profiler trace (.json, .json.gz); give the table to {command}")
 
 
 def _fmt_seconds(s: float) -> str:
@@ -171,51 +150,20 @@ def _budget_counts(budget: pd.DataFrame, family: str, plan: pd.DataFrame) -> str
 
 
 # ------------------------------------------------------------------------------------ the job
-def search_plans(plan: pd.DataFrame, *, family: str, profile, device_key: str, parity: str,
-                 source: str) -> list:
-    """tuner.search StudyPlans for the planned shapes (this run's budget decides, including
-    --graph-captured; the studies are named for this machine's device)."""
-    import inspect
-
-    from kernels import get_family
-
-    from . import search, spaces
-
-    fam = get_family(family)
-    backend = search.backend_of(profile)
-    space = spaces.space_for(family, backend)
-    takes_sm = "sm_count" in inspect.signature(fam.default_config).parameters
-    plans = []
-    for r in plan.itertuples(index=False):
-        shape = dict(r.shape)
-        default = (fam.default_config(shape, backend, sm_count=profile.multiprocessors or None)
-                   if takes_sm else fam.default_config(shape, backend))
-        study_plan = search.make_plan(
-            family=family, shape=shape, shape_key=r.shape_key, device_key=device_key,
-            backend=backend, space=space, default_config=default,
-            weight=float(r.headroom_us_per_token), parity_mode=parity,
-            attrs={"calls_per_step": float(r.calls_per_step), "step_us": float(r.step_basis_us),
-                   "hit_rate": float(r.hit_rate), "phase": str(r.phase), "source": source})
-        if study_plan.n_valid == 0:
-            warn(f"{r.shape_key}: no config of the search space satisfies its constraints; skipped")
-            continue
-        plans.append(study_plan)
-    return plans
-
-
 def run_search(plans: list, *, storage: str | None, timeout_s: float, out=print,
                objective=None, trials: int | None = None) -> str:
-    """tuner.search over the plans under the time budget (every visible GPU); the storage URL."""
+    """tuner.search over the plans under the time budget (every visible GPU); the storage URL.
+    A search that produced nothing (every worker died, every trial failed) is an error."""
     from . import search
 
-    url = storage if storage and "://" in storage else (
-        f"sqlite:///{storage}" if storage else search.DEFAULT_STORAGE)
-    if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    url = search.storage_url(storage, search.DEFAULT_STORAGE)
     settings = search.SearchSettings(storage=url, timeout_s=timeout_s, trials=trials,
                                      objective=objective)
     summary = search.run_search(plans, settings)
     out(search.format_summary(summary))
+    why = search.problem(summary)
+    if why:
+        raise TunerError(f"the search produced nothing to rank: {why}")
     return url
 
 
@@ -230,13 +178,12 @@ def run(trace: str | Path, *, family: str = "gemv", timeout: str | float = "30m"
     `objective` (a tuner.search objective factory) and `measure` (a tuner.rank measure function)
     replace the GPU timing, for tests of the whole pipeline on a CPU."""
     from . import budget as budget_mod
-    from . import shapetable
+    from . import search, shapetable
     from .runtime import EXPORT_ROOT
 
     timeout_s = parse_duration(timeout)
     trace = Path(trace)
-    if not trace.exists():
-        raise TunerError(f"trace not found: {trace}")
+    check_trace(trace)
     out_dir = Path(out_dir) if out_dir else RUNS_DIR / trace_name(trace)
     result = RunResult(out_dir=out_dir)
     gpu = have_gpu() if gpu is None else gpu
@@ -261,14 +208,10 @@ def run(trace: str | Path, *, family: str = "gemv", timeout: str | float = "30m"
         f"-> {result.budget_path}")
     for line in plan_lines(plan, family, timeout_s):
         out(line)
-    if plan.empty and not graph_captured and bool(budget["launch_bound"].any()):
-        captured = budget_mod.compute(table, profile, threshold=threshold, graph_captured=True)
-        n = len(plan_search(captured, family, timeout_s))
-        busy = budget.loc[budget["launch_bound"], "gpu_busy_share"].min()
-        out(f"note: the traced steps are launch-bound (GPU busy {busy * 100:.0f}% of the step), "
-            f"so kernel savings are diluted by launch overhead here. Served under CUDA/HIP graphs "
-            f"(as vLLM and SGLang run decode), {n} {family} shape(s) would be worth a search: "
-            f"add --graph-captured to budget against the GPU-busy step.")
+    if plan.empty:
+        hint = search.launch_bound(budget, table, family, profile, threshold=threshold)
+        if hint is not None:
+            out(f"note: {hint.hint(family)}")
     result.plan_path = out_dir / "plan.md"
     result.plan_path.write_text(plan_markdown(plan, family, timeout_s, result.profile_label))
 
@@ -289,8 +232,8 @@ def run(trace: str | Path, *, family: str = "gemv", timeout: str | float = "30m"
     ident = current_identity() or {}
     if not ident.get("key"):
         raise TunerError("cannot identify this machine's GPU for naming the studies")
-    plans = search_plans(plan, family=family, profile=profile, device_key=ident["key"],
-                         parity=parity, source=str(result.shapes_path))
+    plans, _ = search.study_plans(plan, family, profile, device_key=ident["key"],
+                                  parity_mode=parity, source=str(result.shapes_path))
     if not plans:
         out("nothing to search: no planned shape has a valid config in the search space")
         return result
