@@ -141,11 +141,18 @@ def cheap_objective(plan):
     return CheapObjective(plan)
 
 
+def _recorded_facts():
+    from tuner.parity import ParityFacts
+
+    return ParityFacts(False, True, "a1b2c3d4e5f60718", "a1b2c3d4e5f60718", 1.6e-3, 1.5e-3,
+                       1.07, 0, 3)
+
+
 def replayed_measure(study, candidate, parity_mode):
     """Rank's re-measurement, replayed: the candidate at its search time against 5.0 us."""
     us = candidate.search_us
     return rank.Measured(config=candidate.config,
-                         parity=rank.Parity(True, parity_mode, 0.0),
+                         parity=_recorded_facts(),
                          vs_baseline=rank.Pair(5.0, us, 5.0 / us, 5.0 / us - 0.01,
                                                5.0 / us + 0.01, 0.5))
 
@@ -182,3 +189,18 @@ def test_whole_pipeline_with_swapped_gpu_timing(tmp_path, monkeypatch):
         assert runtime.hit_counts() == {"gemv": {key: 1 for key in doc["configs"]}}
     finally:
         runtime.reset()
+
+
+def test_run_given_a_table_says_what_it_is_and_which_command_takes_it(tmp_path, capsys):
+    """`tuner run SHAPES.parquet`: a shape table is not a trace; the error names the command."""
+    shapes = EXAMPLES / "qwen25_05b_b4_decode.parquet"
+    assert main(["run", str(shapes), "-o", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tuner: error:")
+    assert "is a shape table (from `tuner harvest`), not a profiler trace" in err[0]
+    assert f"`tuner budget {shapes}` or `tuner search {shapes}`" in err[0]
+    assert not (tmp_path / "run").exists()
+    budget_table = pd.read_parquet(shapes).assign(verdict="keep")
+    budget_table.to_parquet(tmp_path / "budget.parquet")
+    assert main(["run", str(tmp_path / "budget.parquet")]) == 2
+    assert "is a budget table (from `tuner budget`)" in capsys.readouterr().err

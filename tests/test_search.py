@@ -6,7 +6,9 @@ The GPU timing is replaced by `make_fake`, a cheap deterministic objective, thro
 the GPU host. Environment variables steer the fake inside the spawned workers:
 FAKE_SLEEP (seconds per evaluation), FAKE_CRASH (a config key: the worker kills itself with
 SIGKILL, once per FAKE_MARK_DIR), FAKE_HANG (a config key: the evaluation never returns),
-FAKE_LOG (a file: every evaluated config is appended, to prove what ran on the "GPU").
+FAKE_LOG (a file: every evaluated config is appended, to prove what ran on the "GPU"),
+FAKE_DONE_LOG (a file: a line "study<TAB>config<TAB>pid" per finished measurement, across
+processes and hosts).
 """
 
 from __future__ import annotations
@@ -89,11 +91,35 @@ class FakeObjective:
                 mark.write_text("1")
                 os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
-        return fake_time(self.plan, config)
+        result = fake_time(self.plan, config)
+        if os.environ.get("FAKE_DONE_LOG"):  # one line per finished measurement, any process
+            line = f"{self.plan.study_name}\t{key}\t{os.getpid()}\n".encode()
+            fd = os.open(os.environ["FAKE_DONE_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        return result
 
 
 def make_fake(plan):
     return FakeObjective(plan)
+
+
+class FailingObjective(FakeObjective):
+    """Every candidate fails to compile (a broken toolchain, a space no kernel accepts)."""
+
+    def evaluate(self, config: dict) -> TrialResult:
+        return TrialResult(failure="candidate: CompilationError: ptxas fatal: unsupported arch")
+
+
+def make_failing(plan):
+    return FailingObjective(plan)
+
+
+def make_broken(plan):
+    """A worker that cannot make its objective at all (no driver, a broken install)."""
+    raise RuntimeError("CUDA driver initialization failed")
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -199,8 +225,9 @@ def test_grid_sqlite_records_every_outcome_and_finds_the_feasible_best(tmp_path,
         json.dumps(attrs)
         assert result.speedup_vs_baseline == pytest.approx(attrs["baseline_us"] / us)
         assert result.speedup_vs_default == pytest.approx(attrs["default_us"] / us)
-    evaluated = log.read_text().split("\n")
-    assert not any("fake: a config outside" in line for line in evaluated)
+    evaluated = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(evaluated) == sum(p.n_valid for p in plans)  # each valid config once, nothing else
+    assert all(SPACE.allows({p: c[p] for p in SPACE.params}, {}) for c in evaluated)
     # the summary names every shape, its best config and speedups
     text = search.format_summary(summary)
     assert "m=1,n=1024,k=4096" in text and "exhausted" in text
