@@ -12,7 +12,8 @@ files (directories, ranks), pipeline (`harvest`), printing, live, watch.
 """
 
 from .aggregate import KEY_FIELDS, aggregate
-from .files import default_output, is_trace_file, resolve_inputs, trace_rank
+from .files import CAPTURE_DIR, default_output, is_trace_file, resolve_inputs, resolve_pairs, trace_rank
+from .graphs import read_captures
 from .live import live, load_callable
 from .pipeline import HarvestResult, harvest
 from .printing import format_table, report, summarize
@@ -24,7 +25,8 @@ from .watch import watch
 __all__ = [
     "harvest", "HarvestResult", "report", "summarize", "format_table",
     "read_trace", "TraceData", "aggregate", "KEY_FIELDS",
-    "resolve_inputs", "default_output", "trace_rank", "is_trace_file",
+    "resolve_inputs", "resolve_pairs", "CAPTURE_DIR", "default_output", "trace_rank",
+    "is_trace_file", "read_captures",
     "live", "load_callable", "watch",
     "gemm_shape", "attention_shape", "union_length", "Op", "Call", "Step",
 ]

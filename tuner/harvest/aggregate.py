@@ -13,11 +13,57 @@ from .. import shapetable
 from ..errors import TunerError
 from .records import Step, TraceData
 
-__all__ = ["KEY_FIELDS", "aggregate"]
+__all__ = ["KEY_FIELDS", "MAX_KV_ROWS", "kv_buckets", "aggregate"]
 
 # what makes two calls the same row (with the phase of their step)
 KEY_FIELDS = ("op", "family", "m", "n", "k", "batch", "dtype", "layout",
               "heads", "kv_heads", "q_len", "kv_len", "head_dim")
+# decode attention: a serving trace has another KV length at every step; above this many, the
+# calls of one signature are bucketed into this many rows by KV length
+MAX_KV_ROWS = 8
+
+
+def kv_buckets(kv_lens: list[int], max_rows: int = MAX_KV_ROWS) -> dict[int, int]:
+    """{KV length: the KV length of its row}, at most `max_rows` rows.
+
+    A row's KV length is a KV length seen (the median of its calls'), and every call sits in
+    the row whose KV length is nearest its own, the smaller on a tie: the rule tuner.runtime's
+    loader uses to pick an exported config by nearest kv_len, so a call served from a row's
+    config is one that row counted. Lloyd iterations (1-D k-medians) from quantile starts.
+    """
+    values = sorted(kv_lens)
+    distinct = sorted(set(values))
+    if len(distinct) <= max_rows:
+        return {v: v for v in distinct}
+    reps = sorted({values[(2 * i + 1) * len(values) // (2 * max_rows)] for i in range(max_rows)})
+    for _ in range(50):
+        groups: dict = {}
+        for v in values:
+            groups.setdefault(_nearest(reps, v), []).append(v)
+        new = sorted({statistics.median_low(g) for g in groups.values()})
+        if new == reps:
+            break
+        reps = new
+    return {v: _nearest(reps, v) for v in distinct}
+
+
+def _nearest(reps: list[int], v: int) -> int:
+    return min(reps, key=lambda r: (abs(r - v), r))
+
+
+def _decode_kv_rows(traces: list[TraceData]) -> dict:
+    """{(signature without the KV length): {kv_len: row kv_len}} for decode attention calls."""
+    seen: dict = {}
+    for t in traces:
+        for c in t.calls:
+            if c.family == "attention" and c.kv_len is not None \
+                    and t.steps[c.step].phase == "decode":
+                seen.setdefault(_kv_free_key(c), []).append(c.kv_len)
+    return {key: kv_buckets(lens) for key, lens in seen.items()}
+
+
+def _kv_free_key(c) -> tuple:
+    return tuple(getattr(c, f) for f in KEY_FIELDS if f not in ("n", "kv_len"))
 
 
 def aggregate(traces: list[TraceData], phase: str | None = None) -> pd.DataFrame:
@@ -27,11 +73,15 @@ def aggregate(traces: list[TraceData], phase: str | None = None) -> pd.DataFrame
         for s in t.steps:
             phase_steps.setdefault(s.phase, []).append(s)
     has_gpu = any(t.has_gpu for t in traces)
+    kv_rows = _decode_kv_rows(traces)
     groups: dict = {}
     for t in traces:
         for c in t.calls:
             ph = t.steps[c.step].phase
-            key = tuple(getattr(c, f) for f in KEY_FIELDS) + (ph,)
+            fields = {f: getattr(c, f) for f in KEY_FIELDS}
+            if ph == "decode" and c.family == "attention" and c.kv_len is not None:
+                fields["kv_len"] = fields["n"] = kv_rows[_kv_free_key(c)][c.kv_len]
+            key = tuple(fields.values()) + (ph,)
             groups.setdefault(key, []).append(c)
     source = ", ".join(dict.fromkeys(Path(t.path).name for t in traces))
     device = ", ".join(dict.fromkeys(t.device for t in traces))

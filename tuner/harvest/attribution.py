@@ -16,7 +16,8 @@ from .records import Call, Op, RawTrace, Step
 from .shapes import make_call
 from .steps import step_of
 
-__all__ = ["OpIndex", "index_ops", "select_calls", "GpuSplit", "attribute_activities"]
+__all__ = ["OpIndex", "index_ops", "call_owner", "select_calls", "GpuSplit", "ext_is_correlation",
+           "attribute_activities"]
 
 
 @dataclass
@@ -130,25 +131,80 @@ class GpuSplit:
     other_ops_us: float = 0.0        # launched by a CPU op that is no GEMM/attention call
     unattributed_us: float = 0.0     # no owning op at all (e.g. CUDA-graph replays)
     n_unattributed: int = 0
+    joined_us: float = 0.0           # replayed graph kernels joined to a captured launch
 
 
-def attribute_activities(raw: RawTrace, index: OpIndex, calls: dict,
-                         steps: list[Step]) -> GpuSplit:
+def _op_of_ext(ops: list[Op]) -> tuple[dict, int]:
+    """{External id: op index} over the ops whose id no other op shares, and how many ids were
+    shared (a kernel linked only through a shared id could belong to either op)."""
+    seen: dict = {}
+    shared: set = set()
+    for i, op in enumerate(ops):
+        if op.ext is None:
+            continue
+        if op.ext in seen:
+            shared.add(op.ext)
+        seen[op.ext] = i
+    for ext in shared:
+        del seen[ext]
+    return seen, len(shared)
+
+
+def ext_is_correlation(raw: RawTrace) -> bool:
+    """Whether the GPU activities without a correlation carry their launch's correlation id as
+    External id (some Kineto builds), rather than their op's: more of those ids name a runtime
+    launch than a CPU op."""
+    as_corr = as_op = 0
+    for _ts, _dur, corr, ext, _name in raw.activities:
+        if corr is None and ext is not None:
+            if ext in raw.runtimes:
+                as_corr += 1
+            elif ext in raw.cpu_ext:
+                as_op += 1
+    return as_corr > as_op
+
+
+def attribute_activities(raw: RawTrace, index: OpIndex, calls: dict, steps: list[Step],
+                         notes: list | None = None, joined: dict | None = None) -> GpuSplit:
     """Give each GPU activity to its call (GPU time, kernel names) and to its step (busy
-    intervals, the step's GPU end); return the split of GPU time."""
+    intervals, the step's GPU end); return the split of GPU time.
+
+    `joined` ({activity index: (call or None, launched inside an op)}, from graphs.join_replay)
+    decides for the replayed graph kernels: the captured call that launched each one.
+    """
+    joined = joined or {}
     ops = index.ops
     starts = [s.start for s in steps]
     split = GpuSplit()
     owner_cache: dict = {}
-    op_of_ext = {op.ext: i for i, op in enumerate(ops) if op.ext is not None}
-    for ts, dur, corr, ext, kname in raw.activities:
+    op_of_ext, n_shared = _op_of_ext(ops)
+    if n_shared and notes is not None:
+        notes.append(f"{n_shared} External ids are shared by several GEMM/attention ops: kernels "
+                     "linked only through them are not given to any call")
+    ext_corr = ext_is_correlation(raw)
+    if ext_corr and notes is not None:
+        notes.append("the kernels' External id is their launch's correlation id: linked through "
+                     "the runtime launches")
+    for idx, (ts, dur, corr, ext, kname) in enumerate(raw.activities):
         split.total_us += dur
+        if idx in joined:
+            c, in_op = joined[idx]
+            split.joined_us += dur
+            _give(split, c, in_op, dur, kname)
+            _add_to_step(steps, starts, raw.runtimes.get(corr, (None, ts))[1], ts, dur)
+            continue
+        if ext_corr and corr is None:
+            corr, ext = ext, None
+        elif ext is not None and ext == corr:
+            ext = None                # a correlation id, not an op's External id
         rt = raw.runtimes.get(corr) if corr is not None else None
         owner = -1
         launch_ts = ts
         rext = None
-        if rt is not None and rt[1] is not None:
-            tid, rts, rext = rt
+        if rt is not None:
+            tid, rts, rext, _api = rt
+            if rext is not None and rext == corr:
+                rext = None
             launch_ts = rts
             key = (tid, rts)
             if key in owner_cache:
@@ -164,22 +220,31 @@ def attribute_activities(raw: RawTrace, index: OpIndex, calls: dict,
                     break
         attributed = owner >= 0 or (ext is not None and ext in raw.cpu_ext) \
             or (rext is not None and rext in raw.cpu_ext)
-        c = calls.get(owner) if owner >= 0 else None
-        if c is not None:
-            c.gpu_us += dur
-            c.n_kernels += 1
-            c.kernels[kname] = c.kernels.get(kname, 0) + 1
-            split.in_calls_us += dur
-        elif attributed:
-            split.other_ops_us += dur
-        else:
-            split.unattributed_us += dur
-            split.n_unattributed += 1
-        j = step_of(starts, steps, launch_ts)
-        if j >= 0:
-            st = steps[j]
-            # relative to the step start: absolute times (~1e12 us) would cost precision
-            st.intervals.append((ts - st.start, ts - st.start + dur))
-            if ts + dur > st.gpu_end:
-                st.gpu_end = ts + dur
+        _give(split, calls.get(owner) if owner >= 0 else None, attributed, dur, kname)
+        _add_to_step(steps, starts, launch_ts, ts, dur)
     return split
+
+
+def _give(split: GpuSplit, c: Call | None, in_op: bool, dur: float, kname: str) -> None:
+    """Book one GPU activity: to its call, to another op, or to nobody."""
+    if c is not None:
+        c.gpu_us += dur
+        c.n_kernels += 1
+        c.kernels[kname] = c.kernels.get(kname, 0) + 1
+        split.in_calls_us += dur
+    elif in_op:
+        split.other_ops_us += dur
+    else:
+        split.unattributed_us += dur
+        split.n_unattributed += 1
+
+
+def _add_to_step(steps: list[Step], starts: list, launch_ts: float, ts: float, dur: float) -> None:
+    """The activity counts for the step its launch lies in: busy interval and GPU end."""
+    j = step_of(starts, steps, launch_ts)
+    if j >= 0:
+        st = steps[j]
+        # relative to the step start: absolute times (~1e12 us) would cost precision
+        st.intervals.append((ts - st.start, ts - st.start + dur))
+        if ts + dur > st.gpu_end:
+            st.gpu_end = ts + dur

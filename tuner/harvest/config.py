@@ -9,10 +9,10 @@ import re
 from dataclasses import dataclass
 
 __all__ = [
-    "Dialect", "KINETO", "DIALECTS", "CATEGORY_KINDS",
+    "Dialect", "KINETO", "KINETO_2021", "DIALECTS", "CATEGORY_KINDS",
     "GEMM_CORE", "GEMM_WRAPPERS", "GEMM_OPS", "ATTN_BHLD", "ATTN_BLHD", "ATTN_NAME_RE",
     "StepMarker", "STEP_MARKERS", "PHASE_WORDS", "ANNOTATION_PREFIXES",
-    "DTYPES", "TRACE_SUFFIXES", "RANK_RE", "LAUNCH_BOUND", "UNATTRIBUTED_WARN",
+    "DTYPES", "TRACE_SUFFIXES", "RANK_RE", "GPU_NAME_RE", "LAUNCH_BOUND", "UNATTRIBUTED_WARN",
 ]
 
 
@@ -48,7 +48,19 @@ KINETO = Dialect(
     dims_keys=("Input Dims",),
 )
 
-DIALECTS = (KINETO,)
+# torch 1.8 / 1.9 (2021): capitalised categories, a lowercase "external id" on launches and
+# kernels, string tids ("123", "stream 7"), ProfilerStep#N and record_function scopes recorded
+# as Operator events.
+KINETO_2021 = Dialect(
+    "Kineto 2021 (torch 1.8/1.9)",
+    categories={"Operator": "op", "Runtime": "runtime", "Kernel": "gpu", "Memcpy": "gpu",
+                "Memset": "gpu"},
+    ext_keys=("External id", "external id"),
+    dims_keys=("Input Dims", "Input dims"),
+    steps_in_ops=True,
+)
+
+DIALECTS = (KINETO, KINETO_2021)
 
 # category -> (dialect, kind), for the one lookup per event the reader makes
 CATEGORY_KINDS: dict = {cat: (d, kind) for d in DIALECTS for cat, kind in d.categories.items()}
@@ -75,25 +87,54 @@ ATTN_BLHD = frozenset({
     "aten::_flash_attention_forward",
     "aten::_efficient_attention_forward",
 })
-# Other attention ops (flash-attn, vLLM, custom): "attn"/"attention" in a CPU op's name, or the
-# vLLM flash-attention extension's ops; never a backward op.
-ATTN_NAME_RE = re.compile(r"attn|attention|_vllm_fa\d|mha_(?:varlen_)?fwd", re.IGNORECASE)
+# Other attention ops (flash-attn, vLLM, SGLang, FlashInfer, custom): "attn"/"attention" in a CPU
+# op's name (vllm::unified_attention_with_output, flash_attn::...), the vLLM flash-attention
+# extension's ops, FlashInfer's ragged / paged runs, sgl_kernel's flash-attention; never a
+# backward op.
+ATTN_NAME_RE = re.compile(r"attn|attention|_vllm_fa\d|mha_(?:varlen_)?fwd|paged_run|ragged_run"
+                          r"|batch_(?:decode|prefill)_with|sgl_kernel::fwd|fwd_kvcache",
+                          re.IGNORECASE)
 
 
 # ------------------------------------------------------------------------------------ step markers
 @dataclass(frozen=True)
 class StepMarker:
     """An annotation that opens a step. `phase_of(match)` gives the step's phase, or "" when the
-    marker does not say (then the phase is inferred). Markers earlier in STEP_MARKERS win."""
+    marker does not say (then the phase is inferred); `batch_of(match)` gives (tokens in the
+    step, mean KV length of its decode requests), either None when the marker does not say.
+    Markers earlier in STEP_MARKERS win."""
     pattern: re.Pattern
     label: str                # who writes it (vLLM, SGLang, torch.profiler)
     source: str               # how the summary names where the steps came from
     phase_of: object          # callable(re.Match) -> str
+    batch_of: object = None   # callable(re.Match) -> (int | None, int | None)
 
 
 def _vllm_phase(m: re.Match) -> str:
     ctx, gen = int(m.group(1)), int(m.group(3))
     return "prefill" if ctx > 0 else ("decode" if gen > 0 else "other")
+
+
+# inside vLLM's (): the token count ("32"), or sq<tokens>sk<KV tokens>sqsq<..>sqsk<..> (sums over
+# the requests of query lengths, KV lengths, squared query lengths, query x KV lengths)
+_VLLM_COUNTS = re.compile(r"^(?:(\d+)|sq(\d+)sk(\d+))")
+
+
+def _vllm_batch(m: re.Match) -> tuple:
+    prefill, decode = _VLLM_COUNTS.match(m.group(2)), _VLLM_COUNTS.match(m.group(4))
+    if prefill is None or decode is None:
+        return None, None
+    tokens = int(prefill.group(1) or prefill.group(2)) + int(decode.group(1) or decode.group(2))
+    requests = int(m.group(3))
+    kv_mean = None
+    if not int(m.group(1)) and requests and decode.group(3) is not None:
+        kv_mean = max(1, round(int(decode.group(3)) / requests))   # pure decode: mean KV length
+    return tokens, kv_mean
+
+
+def _sglang_batch(m: re.Match) -> tuple:
+    bs = re.search(r"\bbs=(\d+)", m.string)
+    return (int(bs.group(1)) if bs and m.group(1).upper() == "DECODE" else None), None
 
 
 _SGLANG_PHASES = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "MIXED": "prefill"}
@@ -103,11 +144,11 @@ STEP_MARKERS = (
     # requests with W tokens); newer builds insert a counter (execute_7_context_...) and shape
     # details in ().
     StepMarker(re.compile(r"^execute_(?:\d+_)?context_(\d+)\(([^)]*)\)_generation_(\d+)\(([^)]*)\)"),
-               "vLLM", "vLLM execute_context_*_generation_* annotations", _vllm_phase),
+               "vLLM", "vLLM execute_context_*_generation_* annotations", _vllm_phase, _vllm_batch),
     # SGLang: step[DECODE bs=...], step[EXTEND ...], step[MIXED ...]
     StepMarker(re.compile(r"^step\[(DECODE|EXTEND|PREFILL|MIXED|IDLE)\b", re.IGNORECASE),
                "SGLang", "SGLang step[...] annotations",
-               lambda m: _SGLANG_PHASES.get(m.group(1).upper(), "other")),
+               lambda m: _SGLANG_PHASES.get(m.group(1).upper(), "other"), _sglang_batch),
     StepMarker(re.compile(r"^ProfilerStep#(\d+)$"), "torch.profiler", "ProfilerStep#N markers",
                lambda m: ""),
 )
@@ -143,6 +184,11 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 # vLLM: <instance>-rank-3.<time>.pt.trace.json.gz; SGLang: <time>-TP-3[-DP-0...].trace.json.gz;
 # torch DDP scripts: rank_3, rank3.
 RANK_RE = re.compile(r"(?:\brank[-_]?|[-_]rank[-_]?|-TP-)(\d+)", re.IGNORECASE)
+
+
+# a GPU model in a metadata label ("GPU 0" alone names none)
+GPU_NAME_RE = re.compile(r"NVIDIA|AMD|Instinct|Radeon|Tesla|GeForce|Quadro|\b[AHBL]\d{2,3}\b|"
+                         r"\bMI\d{3}|\bRTX\b", re.IGNORECASE)
 
 
 # ------------------------------------------------------------------------------------ thresholds

@@ -8,7 +8,11 @@ from ..errors import TunerError, info
 from . import config
 from .reading import read_header
 
-__all__ = ["trace_rank", "is_trace_file", "resolve_inputs", "default_output"]
+__all__ = ["CAPTURE_DIR", "trace_rank", "is_trace_file", "resolve_inputs", "resolve_pairs",
+           "default_output"]
+
+# a profiler directory holding this folder beside its step traces: the graph capture traces
+CAPTURE_DIR = "capture_traces"
 
 
 def trace_rank(path: Path) -> int | None:
@@ -29,13 +33,14 @@ def is_trace_file(path: Path) -> bool:
     return path.is_file() and name.endswith(config.TRACE_SUFFIXES) and not name.endswith(".meta.json")
 
 
-def resolve_inputs(paths: list, rank: int | None = None) -> list[Path]:
-    """Expand directories (one file per rank: pick one rank) and check ranks are never mixed."""
+def resolve_inputs(paths: list, rank: int | None = None, *, every_file: bool = False) -> list[Path]:
+    """Expand directories (one file per rank: pick one rank) and check ranks are never mixed.
+    `every_file`: a directory whose files give no rank yields all of them, not the first."""
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            out.extend(_directory_files(p, rank))
+            out.extend(_directory_files(p, rank, every_file))
         else:
             if not p.exists():
                 raise TunerError(f"trace not found: {p}")
@@ -54,7 +59,35 @@ def resolve_inputs(paths: list, rank: int | None = None) -> list[Path]:
     return out
 
 
-def _directory_files(p: Path, rank: int | None) -> list[Path]:
+def resolve_pairs(paths: list, rank: int | None = None,
+                  capture: list | None = None) -> tuple[list[Path], list[Path]]:
+    """(replay or plain traces, graph capture traces) of one rank.
+
+    The captures are `capture` (files or directories), else the capture_traces/ folder of a
+    profiler directory among `paths`. Replays and captures of two ranks are an error.
+    """
+    replays = resolve_inputs(list(paths), rank)
+    captures: list[Path] = []
+    if capture:
+        captures = resolve_inputs(list(capture), rank, every_file=True)
+    else:
+        for raw in paths:
+            folder = Path(raw) / CAPTURE_DIR
+            if Path(raw).is_dir() and folder.is_dir() and any(is_trace_file(f)
+                                                               for f in folder.iterdir()):
+                captures.extend(_directory_files(folder, rank, True))
+        if captures:
+            info(f"pairing {len(replays)} trace(s) with the {len(captures)} graph capture "
+                 f"trace(s) in {CAPTURE_DIR}/")
+    known = {trace_rank(f) for f in replays} | {trace_rank(f) for f in captures}
+    known.discard(None)
+    if len(known) > 1:
+        raise TunerError(f"the replay and capture traces come from ranks "
+                         f"{', '.join(map(str, sorted(known)))}; pair traces of one rank")
+    return replays, captures
+
+
+def _directory_files(p: Path, rank: int | None, every_file: bool = False) -> list[Path]:
     """The trace files of one rank in a profiler directory."""
     files = sorted(f for f in p.iterdir() if is_trace_file(f))
     if not files:
@@ -73,6 +106,8 @@ def _directory_files(p: Path, rank: int | None) -> list[Path]:
         return chosen
     if rank is not None:
         raise TunerError(f"--rank {rank}: the traces in {p} do not say their rank")
+    if every_file:
+        return files
     if len(files) > 1:
         info(f"{p}: {len(files)} trace files and no rank in their names; harvesting "
              f"the first, {files[0].name} (pass a file to choose)")

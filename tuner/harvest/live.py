@@ -66,7 +66,7 @@ def _save(raw: Path, save: Path) -> Path:
 
 
 def live(target: str, steps: int, output=None, *, save_trace=None, phase: str | None = None,
-         quiet: bool = False) -> HarvestResult:
+         quiet: bool = False, graph: bool = False, device_name: str | None = None) -> HarvestResult:
     """Run CALLABLE `steps` times under torch.profiler (record_shapes on, one profiler step per
     call), export the trace and harvest it."""
     import torch
@@ -97,6 +97,6 @@ def live(target: str, steps: int, output=None, *, save_trace=None, phase: str | 
                     torch.cuda.synchronize()
         prof.export_chrome_trace(str(raw))
         trace = _save(raw, Path(save_trace)) if save_trace else raw
-        return harvest([trace], output, phase=phase, quiet=quiet)
+        return harvest([trace], output, phase=phase, quiet=quiet, device_name=device_name)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)

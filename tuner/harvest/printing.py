@@ -25,15 +25,23 @@ def report(result, top: int = 12, stream=None) -> None:
             warn(f"{Path(t.path).name}: CPU-only trace (no GPU kernels): shapes and calls per step "
                  "are real, GPU times are unknown (us_per_call, step_gpu_us, share are NaN)")
         elif t.gpu_total_us > 0 and t.gpu_unattributed_us / t.gpu_total_us > config.UNATTRIBUTED_WARN:
+            hint = ("" if t.graph is not None else "; pass the trace of the graph capture with "
+                    "--capture to join them, or profile eagerly (no graphs)")
             warn(f"{Path(t.path).name}: {100 * t.gpu_unattributed_us / t.gpu_total_us:.1f}% of GPU "
                  f"time ({t.n_unattributed} kernels) has no owning op (e.g. CUDA-graph replays) "
-                 "and is in no row; profile eagerly (no graphs) to see those calls")
+                 f"and is in no row{hint}")
+    unknown = [Path(t.path).name for t in result.traces if not t.device_known]
+    if unknown:
+        warn(f"{', '.join(unknown)}: the trace names no GPU (deviceProperties has no name): "
+             "device 'unknown'; pass --device-name NAME (e.g. 'AMD Instinct MI300X') so budget "
+             "picks the right device profile")
     for line in summarize(result):
         print(line, file=stream)
     df = result.table
+    replayed = any(t.graph is not None and t.graph.n_joined for t in result.traces)
     for ph in ("prefill", "decode", "other"):
         rows = df[df.phase == ph]
-        if rows.empty:
+        if rows.empty or replayed:    # a graph replay is graph-captured already
             continue
         step_us, gpu_us = rows.step_us.iloc[0], rows.step_gpu_us.iloc[0]
         if step_us > 0 and not math.isnan(gpu_us) and gpu_us / step_us < config.LAUNCH_BOUND:
@@ -62,6 +70,14 @@ def summarize(result) -> list[str]:
             lines.append(f"  GPU time: {100 * t.gpu_in_calls_us / t.gpu_total_us:.1f}% in GEMM/"
                          f"attention calls, {100 * t.gpu_other_ops_us / t.gpu_total_us:.1f}% other "
                          f"ops, {100 * t.gpu_unattributed_us / t.gpu_total_us:.1f}% unattributed")
+        g = t.graph
+        if g is not None and g.n_launches:
+            used = ", ".join(f"{name}" + (f" x{n}" if n > 1 else "")
+                             for name, n in g.graphs_used.items())
+            share = 100 * t.gpu_joined_us / t.gpu_total_us if t.gpu_total_us > 0 else 0.0
+            lines.append(f"  graph replay: {g.n_joined} of {g.n_launches} graph launches joined "
+                         f"with the capture ({used}): {g.kernels_joined} kernels, {share:.1f}% "
+                         "of the replay's GPU time")
     return lines
 
 

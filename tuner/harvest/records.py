@@ -19,7 +19,6 @@ class Op:
     dims: list
     types: list
     strides: list
-    concrete: list
     kind: str              # "gemm" or "attention"
     parent: int = -1       # index of the enclosing GEMM/attention op on the same thread
     has_gemm_child: bool = False
@@ -42,6 +41,7 @@ class Call:
     q_len: int | None = None
     kv_len: int | None = None
     head_dim: int | None = None
+    tokens: int | None = None     # varlen attention: query tokens of all requests (q's dim 0)
     gpu_us: float = 0.0
     n_kernels: int = 0
     kernels: dict = field(default_factory=dict)   # kernel name -> count
@@ -59,6 +59,8 @@ class Step:
     intervals: list = field(default_factory=list)   # GPU activity (start, end)
     n_calls: int = 0
     weight: int = 1         # --steps N on a trace without markers: one window that is N steps
+    tokens: int | None = None    # tokens the step runs, when its marker says (vLLM, SGLang)
+    kv_mean: int | None = None   # mean KV length of its decode requests, when the marker says
 
     @property
     def wall_us(self) -> float:
@@ -73,7 +75,7 @@ class Step:
 class RawTrace:
     """What the streaming read keeps of a trace's events (see reading.read_events)."""
     ops: list               # Op
-    runtimes: dict          # correlation -> (tid, ts, ext)
+    runtimes: dict          # correlation -> (tid, ts, ext, runtime call name)
     activities: list        # (ts, dur, corr, ext, name)
     annotations: list       # (name, tid, ts, end)
     cpu_ext: set            # External ids of all CPU ops
@@ -84,6 +86,11 @@ class RawTrace:
     last_ts: float
     backend: str            # cuda, hip, or cpu
     device_ids: set
+    launch_kernels: dict = field(default_factory=dict)   # correlation -> kernel name (ROCm)
+    device_labels: list = field(default_factory=list)    # GPU process names from metadata
+    capture_labels: list = field(default_factory=list)   # (name, tid, ts, end) of *capture* annotations
+    dialects: list = field(default_factory=list)         # names of the dialects seen
+    malformed: dict = field(default_factory=dict)        # what was wrong -> events skipped
 
 
 @dataclass
@@ -103,6 +110,9 @@ class TraceData:
     n_unattributed: int = 0
     steps_from: str = ""
     notes: list = field(default_factory=list)
+    graph: object = None         # graphs.GraphJoin when the trace was joined with captures
+    gpu_joined_us: float = 0.0   # GPU time of the replayed kernels joined to captured launches
+    device_known: bool = True    # False: the trace names no GPU (device is "unknown")
 
 
 def union_length(intervals: list) -> float:

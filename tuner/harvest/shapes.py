@@ -6,7 +6,7 @@ from __future__ import annotations
 from . import config
 from .records import Call, Op
 
-__all__ = ["is_attention", "gemm_shape", "attention_shape", "make_call"]
+__all__ = ["is_attention", "gemm_shape", "attention_shape", "make_call", "complete_decode_attention"]
 
 
 def is_attention(name: str) -> bool:
@@ -21,18 +21,41 @@ def is_attention(name: str) -> bool:
     return bool(config.ATTN_NAME_RE.search(name))
 
 
+MAX_DIM = 2 ** 40      # a larger dim (or a product over 2**62) is a broken trace, not a tensor
+
+
+def _dim(x) -> int | None:
+    """A tensor size: a non-negative integer (an integral float counts), else None."""
+    if type(x) is int:
+        return x if 0 <= x <= MAX_DIM else None
+    if type(x) is float and x.is_integer() and 0 <= x <= MAX_DIM:
+        return int(x)
+    return None
+
+
+def _sizes(d) -> list[int] | None:
+    """A tensor's Input Dims entry as a list of sizes, or None when any size is unusable."""
+    if type(d) is not list:
+        return None
+    out = [_dim(x) for x in d]
+    return None if None in out else out
+
+
+def _input(dims: list, i: int) -> list[int] | None:
+    return _sizes(dims[i]) if i < len(dims) else None
+
+
 def _dtype(types: list, i: int) -> str:
-    if i < len(types) and types[i]:
+    if i < len(types) and type(types[i]) is str and types[i]:
         return config.DTYPES.get(types[i], types[i])
     return "unknown"
 
 
 def _mat_flag(dims: list, strides: list, i: int) -> str:
     """'N' if matrix input i is row-major in its last two dims, 'T' if it is a transposed view."""
-    if i >= len(strides) or i >= len(dims):
-        return "N"
-    d, s = dims[i], strides[i]
-    if not isinstance(d, list) or not isinstance(s, list) or len(d) < 2 or len(s) < 2:
+    d = _input(dims, i)
+    s = _input(strides, i)
+    if d is None or s is None or len(d) < 2 or len(s) < 2:
         return "N"
     rows, cols = d[-2], d[-1]
     s_row, s_col = s[-2], s[-1]
@@ -43,63 +66,71 @@ def _mat_flag(dims: list, strides: list, i: int) -> str:
     return "N" if s_col == 1 else "T"
 
 
-def _prod(xs) -> int:
+def _prod(xs) -> int | None:
     out = 1
     for x in xs:
-        out *= int(x)
-    return out
-
-
-def _is_mat(d) -> bool:
-    return isinstance(d, list) and len(d) >= 2 and all(isinstance(x, (int, float)) for x in d)
+        out *= x
+    return out if out <= 2 ** 62 else None
 
 
 def gemm_shape(op: Op) -> dict | None:
-    """m, n, k, batch, dtype, layout of a GEMM-family op (DESIGN.md convention), or None."""
+    """m, n, k, batch, dtype, layout of a GEMM-family op (DESIGN.md convention), or None.
+
+    A trailing `out=` tensor (Inductor's aten::mm(a, b, out=c): three Input Dims) is ignored.
+    """
     name, dims, types, strides = op.name, op.dims, op.types, op.strides
-    if name in ("aten::addmm", "aten::baddbmm"):
-        a, b = 1, 2
-    else:
-        a, b = 0, 1
-    if len(dims) <= max(a, b):
+    a, b = (1, 2) if name in ("aten::addmm", "aten::baddbmm") else (0, 1)
+    da, db = _input(dims, a), _input(dims, b)
+    if da is None or db is None:
         return None
-    da, db = dims[a], dims[b]
     if name == "aten::linear":
         # input [..., k], weight [n, k]: B is the transposed view of the weight
-        if not isinstance(da, list) or len(da) < 1 or not _is_mat(db) or len(db) != 2:
+        if len(da) < 1 or len(db) != 2:
             return None
         m = _prod(da[:-1]) if len(da) > 1 else 1
-        n, k = int(db[0]), int(db[1])
+        n, k = db[0], db[1]
         flag_a = _mat_flag(dims, strides, a) if len(da) >= 2 else "N"
         flag_b = "T" if _mat_flag(dims, strides, b) == "N" else "N"
-        return dict(m=m, n=n, k=k, batch=1, dtype=_dtype(types, a), layout=flag_a + flag_b)
-    if not _is_mat(da) or not _is_mat(db):
+        shape = dict(m=m, n=n, k=k, batch=1, dtype=_dtype(types, a), layout=flag_a + flag_b)
+        return shape if m is not None else None
+    if len(da) < 2 or len(db) < 2:
         return None
     if name in ("aten::bmm", "aten::baddbmm"):
         if len(da) != 3 or len(db) != 3:
             return None
-        batch, m, k, n = int(da[0]), int(da[1]), int(da[2]), int(db[2])
+        batch, m, k, n = da[0], da[1], da[2], db[2]
     elif name == "aten::matmul":
         if len(db) == 2:      # [..., m, k] @ [k, n]: folds into one GEMM
-            batch, m, k, n = 1, _prod(da[:-1]), int(da[-1]), int(db[1])
+            batch, m, k, n = 1, _prod(da[:-1]), da[-1], db[1]
         else:
             lead = da[:-2] if len(da) >= len(db) else db[:-2]
-            batch, m, k, n = _prod(lead), int(da[-2]), int(da[-1]), int(db[-1])
+            batch, m, k, n = _prod(lead), da[-2], da[-1], db[-1]
     else:                     # mm, addmm, _scaled_mm
         if len(da) != 2 or len(db) != 2:
             return None
-        batch, m, k, n = 1, int(da[0]), int(da[1]), int(db[1])
+        batch, m, k, n = 1, da[0], da[1], db[1]
+    if m is None or batch is None:
+        return None
     layout = _mat_flag(dims, strides, a) + _mat_flag(dims, strides, b)
     return dict(m=m, n=n, k=k, batch=batch, dtype=_dtype(types, a), layout=layout)
 
 
 def attention_shape(op: Op) -> dict | None:
-    """batch, heads, kv_heads, q_len, kv_len, head_dim of an attention op, as far as dims go."""
+    """batch, heads, kv_heads, q_len, kv_len, head_dim of an attention op, as far as dims go.
+
+    q [batch, heads, len, head_dim] (SDPA) or [batch, len, heads, head_dim] (flash), or
+    varlen / ragged / paged: q [tokens, heads, head_dim] with k either [kv_tokens, kv_heads,
+    head_dim] or a paged cache [blocks, (2,) block_size, kv_heads, head_dim]; the batch comes
+    from a [batch + 1] offsets input (cu_seqlens, qo_indptr) and the mean KV length from a second
+    one; what the dims do not give stays None.
+    """
     dims = op.dims
-    if len(dims) < 2 or not _is_mat(dims[0]) or not isinstance(dims[1], list):
+    q = _input(dims, 0)
+    if q is None or len(q) < 2 or len(dims) < 2 or type(dims[1]) is not list:
         return None
-    q, kk = dims[0], dims[1]
-    out = dict(batch=None, heads=None, kv_heads=None, q_len=None, kv_len=None, head_dim=None)
+    kk = _input(dims, 1) or []
+    out = dict(batch=None, heads=None, kv_heads=None, q_len=None, kv_len=None, head_dim=None,
+               tokens=None)
     if len(q) == 4:
         if op.name in config.ATTN_BHLD or (op.name not in config.ATTN_BLHD
                                            and "scaled_dot_product" in op.name):
@@ -111,21 +142,33 @@ def attention_shape(op: Op) -> dict | None:
             if len(kk) == 4:
                 out.update(kv_len=kk[1], kv_heads=kk[2])
     elif len(q) == 3:
-        # varlen [tokens, heads, head_dim]; batch from cu_seqlens_q ([batch + 1]) when present
-        out.update(heads=q[1], head_dim=q[2])
-        if len(kk) == 3:
-            out.update(kv_heads=kk[1])
-        for d in dims[2:6]:
-            if isinstance(d, list) and len(d) == 1 and d[0] and d[0] > 1:
-                out["batch"] = int(d[0]) - 1
-                break
-        if out["batch"]:
-            out["q_len"] = int(q[0]) // out["batch"] if q[0] % out["batch"] == 0 else None
+        _varlen_shape(q, kk, dims, out)
     else:
         return None
-    out = {k: (int(v) if v is not None else None) for k, v in out.items()}
+    if out["kv_heads"] and out["heads"] and out["heads"] % out["kv_heads"]:
+        out["kv_heads"] = None        # not a GQA group: the dims were read wrong, say nothing
     out["dtype"] = _dtype(op.types, 0)
     return out
+
+
+def _varlen_shape(q: list, kk: list, dims: list, out: dict) -> None:
+    tokens, heads, head_dim = q
+    out.update(heads=heads, head_dim=head_dim, tokens=tokens)
+    if len(kk) == 3:
+        out["kv_heads"] = kk[1]
+    else:                             # a paged cache among the inputs: [..., kv_heads, head_dim]
+        for d in (_sizes(x) for x in dims[1:6]):
+            if d is not None and len(d) in (4, 5) and d[-1] == head_dim:
+                out["kv_heads"] = d[-2]
+                break
+    offsets = [d for d in (_sizes(x) for x in dims[2:8])
+               if d is not None and len(d) == 1 and d[0] > 1]
+    if offsets:
+        batch = offsets[0][0] - 1
+        out["batch"] = batch
+        out["q_len"] = tokens // batch if tokens % batch == 0 else None
+        if len(kk) == 3 and len(offsets) > 1 and offsets[1][0] == offsets[0][0]:
+            out["kv_len"] = max(1, round(kk[0] / batch))   # ragged keys: the mean KV length
 
 
 def make_call(op: Op) -> Call | None:
@@ -142,4 +185,24 @@ def make_call(op: Op) -> Call | None:
                 m=s["q_len"] or 0, n=s["kv_len"] or 0, k=s["head_dim"] or 0,
                 batch=s["batch"] or 0, dtype=s["dtype"], layout="",
                 heads=s["heads"], kv_heads=s["kv_heads"], q_len=s["q_len"],
-                kv_len=s["kv_len"], head_dim=s["head_dim"])
+                kv_len=s["kv_len"], head_dim=s["head_dim"], tokens=s["tokens"])
+
+
+def complete_decode_attention(calls: list, steps: list) -> int:
+    """Varlen attention calls of decode steps whose dims give no batch (paged decode, e.g.
+    vllm::unified_attention_with_output: q [tokens, heads, head_dim], the KV cache not among
+    the inputs): one query token per request, so q_len = 1 and batch = tokens; the KV length
+    from the step's marker (vLLM: the mean over its requests) when the dims do not give it.
+    Returns how many calls were completed."""
+    done = 0
+    for c in calls:
+        if c.family != "attention" or c.q_len is not None or not c.tokens or c.step < 0:
+            continue
+        step = steps[c.step]
+        if step.phase != "decode":
+            continue
+        c.q_len, c.m, c.batch = 1, 1, c.tokens
+        if c.kv_len is None and step.kv_mean:
+            c.kv_len = c.n = step.kv_mean
+        done += 1
+    return done

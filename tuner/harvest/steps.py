@@ -21,10 +21,11 @@ def steps_from_markers(annotations: list) -> tuple[list[Step], str]:
             m = marker.pattern.match(name)
             if m:
                 phase = marker.phase_of(m)
-                if phase:
-                    steps.append(Step(name, ts, end, phase, f"{marker.label} annotation"))
-                else:
-                    steps.append(Step(name, ts, end))
+                step = (Step(name, ts, end, phase, f"{marker.label} annotation") if phase
+                        else Step(name, ts, end))
+                if marker.batch_of is not None:
+                    step.tokens, step.kv_mean = marker.batch_of(m)
+                steps.append(step)
         if steps:
             return _no_overlap(steps), marker.source
     return [], ""

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections import Counter
 from pathlib import Path
 
 from ..errors import TunerError
 from . import config
 from .files import trace_rank
 from .attribution import attribute_activities, index_ops, select_calls
+from .graphs import capture_windows, graph_launches, join_replay
+from .shapes import complete_decode_attention
 from .reading import read_events, read_header
 from .records import RawTrace, Step, TraceData
 from .steps import classify_steps, step_of, steps_from_markers, whole_trace_steps
@@ -33,16 +36,30 @@ def _no_gc():
             gc.enable()
 
 
-def read_trace(path, steps: int | None = None) -> TraceData:
-    """Parse one trace file into its calls and steps (see the module docstring)."""
+def read_trace(path, steps: int | None = None, *, graphs: list | None = None,
+               device_name: str | None = None) -> TraceData:
+    """Parse one trace file into its calls and steps (see the module docstring).
+
+    `graphs` (graphs.read_captures) are the CUDA/HIP graphs captured for this replay trace: its
+    graph launches are joined with them. `device_name` names the GPU when the trace does not.
+    """
     with _no_gc():
-        return _read_trace(Path(path), steps)
+        return _read_trace(Path(path), steps, graphs or [], device_name)
 
 
-def _check_raw(path: Path, raw: RawTrace, notes: list) -> None:
-    """The errors a trace with nothing to harvest gets, and the note on ops without dims."""
+def _check_raw(path: Path, raw: RawTrace, notes: list, joining: bool) -> None:
+    """The errors a trace with nothing to harvest gets, and the notes on what was skipped.
+    A replay joined with captures may hold no shaped op itself (the capture has the shapes)."""
+    if raw.malformed:
+        n = sum(raw.malformed.values())
+        what = "; ".join(f"{why}: {k}" for why, k in sorted(raw.malformed.items()))
+        notes.append(f"{n} malformed events skipped ({what})")
     if raw.n_cpu_ops == 0 and not raw.activities:
-        raise TunerError(f"{path}: the trace has no CPU ops and no GPU kernels (empty trace)")
+        skipped = f" ({notes[-1]})" if raw.malformed else ""
+        raise TunerError(f"{path}: the trace has no CPU ops and no GPU kernels (empty trace)"
+                         f"{skipped}")
+    if joining:
+        return
     ops = raw.ops
     if not ops:
         kind = "CPU-only trace, " if not raw.activities else ""
@@ -95,26 +112,33 @@ def _drop_empty_steps(step_list: list[Step], calls: list, notes: list) -> list[S
     return [step_list[j] for j in kept]
 
 
-def _read_trace(path: Path, steps: int | None) -> TraceData:
+def _read_trace(path: Path, steps: int | None, graphs: list, device_name: str | None) -> TraceData:
     header = read_header(path)
     if not header.get("has_events"):
         raise TunerError(f"{path}: JSON without traceEvents, not a torch profiler trace")
     raw = read_events(path, header["format"])
     notes: list[str] = []
-    _check_raw(path, raw, notes)
+    joining = bool(graphs) and bool(graph_launches(raw))
+    _check_raw(path, raw, notes, joining)
 
     index = index_ops(raw.ops)
     call_of_op, unparsed = select_calls(raw.ops)
     if unparsed:
         notes.append(f"{unparsed} GEMM/attention ops whose dims give no GEMM or attention shape "
                      "(e.g. a matrix-vector matmul) are skipped")
-    if not call_of_op:
+    if not call_of_op and not joining:
         raise TunerError(f"{path}: no GEMM or attention call with a usable shape")
+    if not graphs and capture_windows(raw):
+        notes.append(f"it holds {len(capture_windows(raw))} CUDA/HIP-graph capture(s): their calls "
+                     "ran no kernels here; pass this trace with --capture beside the replay trace "
+                     "to give them the replay's GPU times")
 
     step_list, steps_from = _steps(raw, steps, notes)
-    calls = list(call_of_op.values())
+    join = _join(path, raw, graphs, step_list, notes) if graphs else None
+    calls = list(call_of_op.values()) + (join.calls if join else [])
     outside = _assign_calls(calls, step_list)
-    split = attribute_activities(raw, index, call_of_op, step_list)
+    split = attribute_activities(raw, index, call_of_op, step_list, notes,
+                                 joined=join.assignments if join else None)
     step_list = _drop_empty_steps(step_list, calls, notes)
     if outside:
         notes.append(f"{outside} calls outside any step are not counted")
@@ -122,25 +146,71 @@ def _read_trace(path: Path, steps: int | None) -> TraceData:
     if not calls:
         raise TunerError(f"{path}: no GEMM or attention call falls inside a step")
     classify_steps(step_list, calls, raw.annotations)
+    completed = complete_decode_attention(calls, step_list)
+    if completed:
+        notes.append(f"{completed} decode attention calls without a batch in their dims (paged "
+                     "KV cache): q_len 1 and batch = query tokens; kv_len from the step marker "
+                     "where the dims do not give it")
 
     rank = trace_rank(path) if config.RANK_RE.search(path.name) else (
         (header.get("distributedInfo") or {}).get("rank"))
-    return TraceData(path=str(path), device=_device_name(header, raw), backend=raw.backend,
-                     rank=rank, has_gpu=bool(raw.activities), calls=calls, steps=step_list,
+    device, known = _device_name(header, raw, device_name)
+    return TraceData(path=str(path), device=device, backend=raw.backend,
+                     rank=rank if isinstance(rank, int) else None, has_gpu=bool(raw.activities),
+                     calls=calls, steps=step_list,
                      gpu_total_us=split.total_us, gpu_in_calls_us=split.in_calls_us,
                      gpu_other_ops_us=split.other_ops_us,
                      gpu_unattributed_us=split.unattributed_us,
-                     n_unattributed=split.n_unattributed, steps_from=steps_from, notes=notes)
+                     n_unattributed=split.n_unattributed, steps_from=steps_from, notes=notes,
+                     graph=join, gpu_joined_us=split.joined_us, device_known=known)
 
 
-def _device_name(header: dict, raw: RawTrace) -> str:
-    props = header.get("deviceProperties") or []
+def _join(path: Path, raw: RawTrace, graphs: list, step_list: list[Step], notes: list):
+    """Join the replay's graph launches with the captured graphs; refuse when none matches."""
+    if not graph_launches(raw):
+        notes.append("no graph launches (cudaGraphLaunch / hipGraphLaunch) in it: the capture "
+                     "traces are not used")
+        return None
+    starts = [s.start for s in step_list]
+
+    def step_tokens(ts):
+        j = step_of(starts, step_list, ts)
+        return step_list[j].tokens if j >= 0 else None
+
+    join = join_replay(raw, graphs, step_tokens)
+    if not join.n_joined:
+        sizes = sorted({len(g.launches) for g in graphs})
+        raise TunerError(f"{path}: its {join.n_launches} graph launch(es) match none of the "
+                         f"{len(graphs)} captured graph(s) ({', '.join(map(str, sizes))} launches; "
+                         f"{join.problems[0]}): the replay and capture traces do not belong "
+                         "together")
+    if join.problems:
+        worst = Counter(join.problems).most_common(1)[0][0]
+        notes.append(f"{join.n_launches - join.n_joined} of {join.n_launches} graph launches not "
+                     f"joined ({worst}); their kernels are in no row")
+    return join
+
+
+def _device_name(header: dict, raw: RawTrace, given: str | None) -> tuple[str, bool]:
+    """The GPU's name (and whether the trace said it): deviceProperties, a top-level device name,
+    or a GPU process label in the metadata; `given` (--device-name) wins."""
     if not raw.activities:
-        return "cpu"
-    if isinstance(props, list) and props:
-        for p in props:
-            if isinstance(p, dict) and p.get("id") in raw.device_ids and p.get("name"):
-                return str(p["name"])
-        if isinstance(props[0], dict) and props[0].get("name"):
-            return str(props[0]["name"])
-    return "unknown"
+        return "cpu", True
+    if given:
+        return given, True
+    props = header.get("deviceProperties") or []
+    if isinstance(props, list):
+        named = [p for p in props if isinstance(p, dict) and isinstance(p.get("name"), str)
+                 and p["name"].strip()]
+        for p in named:
+            if p.get("id") in raw.device_ids:
+                return p["name"], True
+        if named:
+            return named[0]["name"], True
+    for key in ("deviceName", "device_name"):
+        if isinstance(header.get(key), str) and header[key].strip():
+            return header[key], True
+    for label in raw.device_labels:
+        if config.GPU_NAME_RE.search(label):
+            return label, True
+    return "unknown", False

@@ -17,7 +17,8 @@ __all__ = ["watch"]
 
 
 def watch(directory, output, *, rank: int | None = None, steps: int | None = None,
-          phase: str | None = None, interval: float = 2.0, max_polls: int | None = None) -> int:
+          phase: str | None = None, interval: float = 2.0, max_polls: int | None = None,
+          device_name: str | None = None) -> int:
     """Harvest new trace files in `directory` as they appear, keeping one merged table at
     `output` up to date; a file is read once its size and mtime stayed the same for one poll.
     Stops on Ctrl-C (or after `max_polls` polls). Returns the number of traces harvested."""
@@ -53,7 +54,7 @@ def watch(directory, output, *, rank: int | None = None, steps: int | None = Non
                          "chooses)")
                     continue
                 try:
-                    done[f] = read_trace(f, steps=steps)
+                    done[f] = read_trace(f, steps=steps, device_name=device_name)
                 except TunerError as exc:
                     if "ends early" in str(exc):
                         continue        # still being written after all: retry later
