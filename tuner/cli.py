@@ -73,9 +73,13 @@ examples:
   tuner harvest vllm_profile/ --rank 0 --phase decode -o shapes/llama_decode.parquet
   tuner harvest --live shapes/examples/qwen_live.py:QwenDecode --steps 8 -o shapes/qwen_live.parquet
   tuner harvest --watch /tmp/traces -o shapes/server.parquet
+  tuner harvest replay.json.gz --capture capture.json.gz      a CUDA/HIP-graph replay and its capture
+  tuner harvest --live model.py:Step --steps 8 --graph        capture the step as a CUDA graph
 
-Reads torch profiler Chrome/Kineto traces (.json, .json.gz; CUDA or ROCm). A directory holds one
-file per rank: rank 0 (or the first file) is harvested, --rank chooses; ranks are never merged.
+Reads torch profiler Chrome/Kineto traces (.json, .json.gz; CUDA or ROCm; torch 1.8+). A directory
+holds one file per rank: rank 0 (or the first file) is harvested, --rank chooses; ranks are never
+merged. A graph replay's kernels get their shapes from the trace of the graph's capture
+(--capture, or a capture_traces/ folder in the directory). See docs/harvest.md.
 The table (parquet) has one row per call signature and phase, with calls per step, median GPU
 us per call and its share of the step; the top rows by share are printed.
 """
@@ -101,7 +105,18 @@ def _add_harvest(sub) -> None:
                    help="profile CALLABLE (MODULE:NAME or path/to/file.py:NAME; a class is "
                    "instantiated once) for --steps calls, one profiler step each, and harvest it")
     p.add_argument("--save-trace", metavar="PATH",
-                   help="with --live: also keep the raw trace here (.json or .json.gz)")
+                   help="with --live: also keep the raw trace here (.json or .json.gz); with "
+                   "--graph a directory (the replay trace, and capture_traces/ beside it)")
+    p.add_argument("--capture", nargs="+", metavar="CAPTURE",
+                   help="traces (or directories) of the CUDA/HIP-graph captures whose replays "
+                   "TRACE holds: their shapes are joined with the replay's kernel times "
+                   "(default: a capture_traces/ folder beside the traces of a directory)")
+    p.add_argument("--graph", action="store_true",
+                   help="with --live: capture the callable's step as a CUDA graph, profile the "
+                   "capture and --steps replays, and join them")
+    p.add_argument("--device-name", metavar="NAME",
+                   help="the GPU's name when the trace does not say it (e.g. 'AMD Instinct "
+                   "MI300X'); it picks the device profile in budget")
     p.add_argument("--watch", metavar="DIR",
                    help="keep harvesting new trace files written into DIR into one table at -o, "
                    "until Ctrl-C")
@@ -123,20 +138,25 @@ def cmd_harvest(args) -> int:
                          "--watch DIR")
     if args.steps is not None and args.steps < 1:
         raise TunerError("--steps must be >= 1")
+    if args.graph and not args.live:
+        raise TunerError("--graph goes with --live MODULE:CALLABLE")
+    if args.capture and not args.traces:
+        raise TunerError("--capture goes with the replay TRACE... it joins")
     if args.live:
         out = args.output or Path("shapes") / f"live_{args.live.rpartition(':')[2]}.parquet"
         result = harvest.live(args.live, args.steps, out, save_trace=args.save_trace,
-                              phase=args.phase, quiet=True)
+                              phase=args.phase, quiet=True, graph=args.graph,
+                              device_name=args.device_name)
     elif args.watch:
         out = args.output or Path("shapes") / f"{Path(args.watch).resolve().name}.parquet"
         harvest.watch(args.watch, out, rank=args.rank, steps=args.steps, phase=args.phase,
-                      interval=args.interval)
+                      interval=args.interval, device_name=args.device_name)
         return 0
     else:
-        files = harvest.resolve_inputs(args.traces, args.rank)
+        files, captures = harvest.resolve_pairs(args.traces, args.rank, args.capture)
         out = args.output or harvest.default_output(files[0])
         result = harvest.harvest(files, out, rank=args.rank, steps=args.steps, phase=args.phase,
-                                 quiet=True)
+                                 quiet=True, capture=captures, device_name=args.device_name)
     harvest.report(result, top=args.top)
     return 0
 
