@@ -102,13 +102,16 @@ class KernelCall:
 
 # ------------------------------------------------------------------------ interpreter fixes
 def fix_interpreter() -> None:
-    """Work around two Triton interpreter bugs (TRITON_INTERPRET=1 only; idempotent).
+    """Work around three Triton interpreter bugs (TRITON_INTERPRET=1 only; idempotent).
 
     1. Scalars are 1-element arrays converted with ``int(array)``, which NumPy >= 2.3 refuses
        ("only 0-dimensional arrays can be converted to Python scalars"), so ``range(start, end)``
        over runtime values fails. We read the single element instead.
     2. ``tl.dot`` on bfloat16 multiplies the raw uint16 storage bits (NumPy has no bfloat16). We
        widen bfloat16 operands to float32 first (exact), as the GPU's MMA does.
+    3. A float32 -> bfloat16 cast truncates the mantissa (Triton 3.6-3.9), where the GPU's
+       ``cvt.rn.bf16.f32`` rounds to nearest even: outputs came out twice as far from the fp32
+       reference as torch's, and the parity facts said so. We round to nearest even, as the GPU.
     Compiled kernels are unaffected: this patches the interpreter only.
     """
     try:
@@ -137,8 +140,22 @@ def fix_interpreter() -> None:
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
 
+    original_cast = builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
+            rounded = ((bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)) >> 16)
+            out = rounded.astype(np.uint16)
+            nan = np.isnan(src.data)
+            if np.any(nan):  # keep NaN a (quiet) NaN
+                out[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
+            return interpreter.TensorHandle(out.reshape(np.shape(src.data)), tl.bfloat16)
+        return original_cast(self, src, dst_type)
+
     interpreter._patch_lang_tensor = patch_lang_tensor
     builder.create_dot = create_dot
+    builder.cast_impl = cast_impl
     interpreter._kernels_fixed = True
 
 

@@ -120,10 +120,12 @@ def test_parity_checker_on_attention():
     from tuner import parity
 
     split = {"HEADS_PER_BLOCK": 4, "BLOCK_N": 32, "SPLIT_KV": 2}
-    result = parity.check(attention.FAMILY, GQA, split, mode="tolerance", device="cpu")
-    assert result.passed and result.rel_err < 1e-2, result.reason
-    again = parity.check(attention.FAMILY, GQA, split, mode="exact", reference=split, device="cpu")
-    assert again.passed and again.parity_class == "exact", again.reason
+    checker = parity.Checker(attention.FAMILY, GQA, device="cpu", seeds=2)
+    facts = checker.facts(split)
+    assert facts.error_vs_reference < 1e-2 and facts.nonfinite == 0, facts
+    assert facts.passes("accuracy"), facts  # as accurate as torch's SDPA on the same inputs
+    again = parity.Checker(attention.FAMILY, GQA, device="cpu", seeds=2, default_config=split)
+    assert again.facts(split).passes("kernel")  # a config reproduces its own bytes
 
 
 def test_decode_attention_entry_point(gqa_inputs):

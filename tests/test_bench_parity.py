@@ -1,4 +1,4 @@
-"""Parity (exact / tolerance) and the timing protocol's logic, on the CPU under the interpreter.
+"""Parity facts and gates (baseline / kernel / accuracy) and the timing protocol's logic, on the CPU under the interpreter.
 
 The CPU runs of the protocol (no CUDA graph, perf_counter clocks) check its bookkeeping: input-set
 rotation, groups, medians, paired ratios and their interval, failures as data. The GPU runs of
@@ -40,64 +40,140 @@ def _half_writing_family():
 
 
 # ------------------------------------------------------------------------------------ parity
-def test_default_config_is_exact_against_itself_and_within_tolerance():
-    config = GEMV.default_config(SMALL, "cuda")
-    result = parity.check(GEMV, SMALL, config, mode="exact", device="cpu")
-    assert result.passed and result.reason == ""
-    assert result.output_hash == result.reference_hash
-    assert 0 < result.rel_err < parity.REL_ERR_BOUNDS["bfloat16"]
-    assert result.parity_class == "exact"
+def _torch_family():
+    """gemv whose 'kernel' is the serving path itself: bitwise equal to the baseline."""
+
+    def launch(inputs, config, out=None):
+        result = GEMV.baseline(inputs)
+        if out is None:
+            return result
+        out.copy_(result)
+        return out
+
+    return dataclasses.replace(GEMV, name="gemv-torch", launch=launch)
 
 
-def test_unwritten_elements_fail_both_modes():
+def _coarse_family(chunk: int = 16):
+    """gemv that rounds every partial sum over `chunk` values of k to bf16 before adding them:
+    a real, less accurate summation (what an accumulator in the output dtype does)."""
+
+    def launch(inputs, config, out=None):
+        x, w = inputs["x"].float(), inputs["weight"].float()
+        k = x.shape[1]
+        acc = torch.zeros(x.shape[0], w.shape[0], dtype=torch.bfloat16)
+        for start in range(0, k, chunk):
+            part = x[:, start:start + chunk] @ w[:, start:start + chunk].T
+            acc = (acc.float() + part.to(torch.bfloat16).float()).to(torch.bfloat16)
+        if out is None:
+            return acc
+        out.copy_(acc)
+        return out
+
+    return dataclasses.replace(GEMV, name="gemv-coarse", launch=launch)
+
+
+def test_the_default_config_is_in_its_own_class():
+    checker = parity.Checker(GEMV, SMALL, device="cpu")
+    facts = checker.facts(GEMV.default_config(SMALL, "cuda"))
+    assert facts.bitwise_vs_default and facts.parity_class == facts.default_class
+    assert facts.seeds == parity.DEFAULT_SEEDS and facts.nonfinite == 0
+    assert 0 < facts.error_vs_reference < 1e-2 and 0 < facts.baseline_error_vs_reference < 1e-2
+    assert facts.error_ratio == pytest.approx(facts.error_ratio)  # finite
+    assert facts.passes("kernel") and facts.failure("kernel") == ""
+    assert facts.error_ratio == pytest.approx(1.0, abs=0.25) and facts.passes("accuracy")
+    # at k = 100 the interpreter's fp32 sums round like torch's: whichever it is, the fact agrees
+    # with the hashes
+    assert facts.bitwise_vs_baseline == (facts.parity_class == checker.baseline_class)
+    assert facts.passes("baseline") == facts.bitwise_vs_baseline
+
+
+def test_a_config_outside_the_default_class_is_named_and_judged_by_accuracy():
+    # fp16 keeps 11 bits: over 2048 outputs of k = 4096 a different fp32 summation order flips
+    # the rounding of a few outputs (the hashes differ) at the same accuracy.
+    shape = {"m": 8, "n": 256, "k": 4096, "dtype": "float16"}
+    default = {"ROWS_PER_BLOCK": 64, "BLOCK_K": 1024, "SPLIT_K": 1}
+    split = {"ROWS_PER_BLOCK": 64, "BLOCK_K": 512, "SPLIT_K": 8}
+    checker = parity.Checker(GEMV, shape, device="cpu", default_config=default, seeds=2)
+    assert checker.facts(default).bitwise_vs_default  # the same config reproduces its bytes
+    facts = checker.facts(split)
+    assert not facts.bitwise_vs_default and facts.parity_class != facts.default_class
+    assert "differs from the default config's" in facts.failure("kernel")
+    assert facts.error_ratio < parity.DEFAULT_MARGIN and facts.passes("accuracy")
+
+
+def test_the_serving_path_itself_is_bitwise_equal_to_the_baseline():
+    family = _torch_family()
+    checker = parity.Checker(family, SMALL, device="cpu")
+    facts = checker.facts({"ROWS_PER_BLOCK": 4, "BLOCK_K": 32, "SPLIT_K": 1})
+    assert facts.bitwise_vs_baseline and facts.error_ratio == 1.0
+    assert facts.passes("baseline") and facts.passes("accuracy")
+    assert facts.describe().startswith("BITWISE EQUAL TO THE SERVING PATH")
+    assert checker.baseline_facts().bitwise_vs_baseline
+
+
+def test_unwritten_elements_fail_every_gate():
     family = _half_writing_family()
-    config = {"ROWS_PER_BLOCK": 4, "BLOCK_K": 32, "SPLIT_K": 1}
-    checker = parity.Checker(family, SMALL, reference="baseline", device="cpu")
-    for mode in ("exact", "tolerance"):
-        result = checker.check(config, mode)
-        assert not result.passed
-        assert "NaN" in result.reason and f"{SMALL['m']} of" in result.reason
-        assert result.parity_class == "mismatch"
+    checker = parity.Checker(family, SMALL, device="cpu",
+                             default_config=GEMV.default_config(SMALL, "cuda"))
+    facts = checker.facts({"ROWS_PER_BLOCK": 4, "BLOCK_K": 32, "SPLIT_K": 1})
+    assert facts.nonfinite == SMALL["m"] * facts.seeds
+    assert facts.error_vs_reference == float("inf") and facts.error_ratio == float("inf")
+    for gate in parity.GATES:
+        assert not facts.passes(gate) and "NaN" in facts.failure(gate)
 
 
 def test_nan_never_passes():
     checker = parity.Checker(GEMV, SMALL, device="cpu")
-    out = checker.run(GEMV.default_config(SMALL, "cuda"))
-    assert checker.judge(out, "tolerance").passed
-    out[1, 5] = float("nan")
-    for mode in ("exact", "tolerance"):
-        result = checker.judge(out, mode)
-        assert not result.passed and "NaN" in result.reason
-        assert result.rel_err == float("inf")
+    config = GEMV.default_config(SMALL, "cuda")
+    outs = [checker.run(config, i) for i in range(len(checker.seeds))]
+    assert checker.judge(outs).passes("kernel")
+    outs[1][1, 5] = float("nan")
+    facts = checker.judge(outs)
+    assert facts.nonfinite == 1 and not any(facts.passes(g) for g in parity.GATES)
 
 
-def test_different_summation_order_changes_hash_but_passes_tolerance():
-    # fp16 keeps 11 bits: over 2048 outputs of k = 4096 a different fp32 summation order flips
-    # the rounding of a few outputs (measured: the hashes differ), far below the 1e-3 bound.
-    shape = {"m": 8, "n": 256, "k": 4096, "dtype": "float16"}
-    reference = {"ROWS_PER_BLOCK": 64, "BLOCK_K": 1024, "SPLIT_K": 1}
-    split = {"ROWS_PER_BLOCK": 64, "BLOCK_K": 512, "SPLIT_K": 8}
-    checker = parity.Checker(GEMV, shape, reference=reference, device="cpu")
-    assert checker.check(reference, "exact").passed  # the same config reproduces its bytes
-    exact = checker.check(split, "exact")
-    assert not exact.passed and "differs" in exact.reason
-    tolerant = checker.check(split, "tolerance")
-    assert tolerant.passed and tolerant.parity_class == "tolerance"
-    assert tolerant.rel_err < parity.REL_ERR_BOUNDS["float16"]
+def test_a_less_accurate_config_fails_accuracy():
+    family = _coarse_family()
+    shape = {"m": 2, "n": 64, "k": 1024, "dtype": "bfloat16"}
+    checker = parity.Checker(family, shape, device="cpu",
+                             default_config=GEMV.default_config(shape, "cuda"))
+    facts = checker.facts({})
+    assert facts.error_ratio > parity.DEFAULT_MARGIN, facts
+    assert "serving path's" in facts.failure("accuracy")
+    assert facts.passes("accuracy", margin=facts.error_ratio * 1.01)  # the margin is the bar
 
 
-def test_tolerance_fails_a_wrong_result():
-    checker = parity.Checker(GEMV, SMALL, device="cpu")
-    out = checker.run(GEMV.default_config(SMALL, "cuda"))
-    out[:, :4] = out[:, :4] * 1.5  # a wrong block of outputs
-    result = checker.judge(out, "tolerance")
-    assert not result.passed and "rel err" in result.reason
+def test_recorded_facts_round_trip_and_gate_logic():
+    recorded = {"bitwise_vs_baseline": False, "bitwise_vs_default": True,
+                "parity_class": "a1b2c3d4e5f60718", "default_class": "a1b2c3d4e5f60718",
+                "error_vs_reference": 1.6e-3, "baseline_error_vs_reference": 1.5e-3,
+                "error_ratio": 1.07, "nonfinite": 0, "seeds": 3}
+    facts = parity.ParityFacts.from_attrs(recorded)
+    assert facts.to_attrs() == recorded
+    assert facts.passes("kernel") and facts.passes("accuracy") and not facts.passes("baseline")
+    worse = parity.ParityFacts.from_attrs({**recorded, "error_ratio": 1.4})
+    assert not worse.passes("accuracy") and worse.passes("accuracy", margin=1.5)
+    nan = parity.ParityFacts.from_attrs({**recorded, "error_vs_reference": None,
+                                         "error_ratio": None, "nonfinite": 2})
+    assert nan.error_ratio == float("inf") and not nan.passes("kernel")
+    assert nan.to_attrs()["error_ratio"] is None
+
+
+def test_gate_names_and_deprecated_aliases(capsys):
+    assert parity.resolve_gate("accuracy") == "accuracy" and parity.DEFAULT_GATE == "accuracy"
+    assert parity.resolve_gate("exact") == "kernel"
+    assert parity.resolve_gate("tolerance") == "accuracy"
+    err = capsys.readouterr().err
+    assert "--parity exact is deprecated: it means --parity kernel" in err
+    assert "--parity tolerance is deprecated: it means --parity accuracy" in err
+    with pytest.raises(TunerError, match="unknown parity gate"):
+        parity.resolve_gate("bitwise")
 
 
 def test_failing_config_is_a_candidate_failure():
     checker = parity.Checker(GEMV, SMALL, device="cpu")
     with pytest.raises(bench.CandidateFailure) as info:
-        checker.check({"ROWS_PER_BLOCK": 3, "BLOCK_K": 32, "SPLIT_K": 1})
+        checker.facts({"ROWS_PER_BLOCK": 3, "BLOCK_K": 32, "SPLIT_K": 1})
     assert "power of two" in info.value.reason
 
 
@@ -109,13 +185,6 @@ def test_output_hash_sees_shape_dtype_and_bytes():
     b = a.clone()
     b.view(torch.int16)[1, 2] += 1  # the next fp16 value: one bit differs
     assert parity.output_hash(a) != parity.output_hash(b)
-
-
-def test_bounds_and_unknown_dtype():
-    assert parity.bound_for(torch.bfloat16) == 1e-2
-    assert parity.bound_for("float16") == 1e-3
-    with pytest.raises(TunerError):
-        parity.bound_for(torch.int8)
 
 
 # ------------------------------------------------------------------------------------ timing
@@ -206,8 +275,11 @@ def test_tuner_bench_cli_on_cpu(capsys):
     assert rc == 0
     lines = out.splitlines()
     assert lines[0].startswith("gemv m=2,n=37,k=100,dtype=float16  cache=warm")
+    assert "=base" in lines[1] and "=dflt" in lines[1] and "x base" in lines[1]
     for label in ("baseline", "default", "config"):
         row = next(line for line in lines if line.startswith(label + " "))
-        assert "failed" not in row and ("exact" in row or "tolerance" in row)
-    assert "sweep: 2 configs, 0 failed, 0 parity mismatches" in out
-    assert "distinct output hashes" in out
+        assert "failed" not in row and row.split()[5] in ("yes", "no"), row
+    baseline_row = next(line for line in lines if line.startswith("baseline "))
+    assert baseline_row.split()[5] == "yes" and "1.00x" in baseline_row  # the serving path itself
+    assert "sweep: 2 configs, 0 failed, 0 fail --parity accuracy" in out
+    assert "output classes" in out and "bitwise equal to the serving path" in out

@@ -162,11 +162,11 @@ def test_parity_checker_on_gemm():
 
     shape = {"m": 17, "n": 33, "k": 64, "dtype": "bfloat16", "layout": "NT"}
     split = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 2}
-    result = parity.check(gemm.FAMILY, shape, split, mode="tolerance", device="cpu")
-    assert result.passed and result.rel_err < 1e-2, result.reason
+    facts = parity.Checker(gemm.FAMILY, shape, device="cpu", seeds=2).facts(split)
+    assert facts.passes("accuracy") and facts.error_vs_reference < 1e-2, facts
     # A config is bit-identical to itself (split-K reduction in a fixed order).
-    again = parity.check(gemm.FAMILY, shape, split, mode="exact", reference=split, device="cpu")
-    assert again.passed and again.parity_class == "exact", again.reason
+    again = parity.Checker(gemm.FAMILY, shape, device="cpu", seeds=2, default_config=split)
+    assert again.facts(split).passes("kernel")
 
 
 def test_linear_entry_point_matches_torch():

@@ -15,7 +15,7 @@ import math
 import optuna  # noqa: E402
 import pytest  # noqa: E402
 
-from tuner import rank  # noqa: E402
+from tuner import parity, rank  # noqa: E402
 from tuner.cli import main  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
 from tuner import units  # noqa: E402
@@ -42,11 +42,20 @@ def cand(rows, trial=0, search_us=4.0) -> rank.Candidate:
                           search_us=search_us, trial=trial)
 
 
-def measured(c, *, base, cand_us, low, high, noise=0.6, parity=True, mode="exact", err=0.0,
-             reason="", default_us=None, failure="") -> rank.Measured:
+def facts(*, accurate=True, err=1.6e-3, in_default=True, bitwise_base=False):
+    """Recorded parity facts: error `err` against the reference, 1.05x (accurate) or 2x the
+    serving path's own error."""
+    ratio = 1.05 if accurate else 2.0
+    return parity.ParityFacts(bitwise_base, in_default, "a1b2c3d4e5f60718",
+                              "a1b2c3d4e5f60718" if in_default else "0000aaaa1111bbbb",
+                              err, err / ratio, ratio, 0, 3)
+
+
+def measured(c, *, base, cand_us, low, high, noise=0.6, parity=True, err=1.6e-3,
+             default_us=None, failure="", in_default=True) -> rank.Measured:
     return rank.Measured(
         config=c.config,
-        parity=rank.Parity(parity, mode, err, reason),
+        parity=facts(accurate=parity, err=err, in_default=in_default),
         vs_baseline=rank.Pair(base, cand_us, base / cand_us, low, high, noise),
         vs_default=(rank.Pair(default_us, cand_us, default_us / cand_us,
                               default_us / cand_us - 0.02, default_us / cand_us + 0.02, noise)
@@ -68,7 +77,11 @@ def test_winner_numbers_worked_by_hand():
     assert row["share_of_step"] == pytest.approx(38.4 / 2198.0)
     assert row["speedup"] == pytest.approx(1.2)
     assert row["speedup_vs_default"] == pytest.approx(1.1)
-    assert row["parity_mode"] == "exact" and row["parity"].startswith("exact ok")
+    assert row["parity_mode"] == "accuracy" and row["parity"].startswith("accuracy ok")
+    # the three facts, whatever the gate
+    assert row["bitwise_vs_baseline"] is False or row["bitwise_vs_baseline"] == False  # noqa: E712
+    assert row["bitwise_vs_default"] and row["parity_class"] == row["default_class"]
+    assert row["error_ratio"] == pytest.approx(1.05) and row["parity_seeds"] == 3
     assert json.loads(row["config"])["ROWS_PER_BLOCK"] == 8
     assert list(table.columns[:len(rank.VERDICT_COLUMNS)]) == rank.VERDICT_COLUMNS
 
@@ -104,22 +117,28 @@ def test_slower_candidate_is_rejected_as_not_faster():
 def test_parity_failure_is_rejected_whatever_its_speed():
     s = study_info()
     c = cand(8)
-    m = measured(c, base=4.80, cand_us=3.00, low=1.55, high=1.65, parity=False, err=2.4e-3,
-                 reason="hash differs")
+    m = measured(c, base=4.80, cand_us=3.00, low=1.55, high=1.65, parity=False, err=2.4e-3)
     row = rank.decide([(s, [(c, m)])]).iloc[0]
     assert row["decision"] == "reject" and row["reason"].startswith("parity:")
-    assert "hash differs" in row["reason"]
+    assert "2.00x the serving path's" in row["reason"]
     assert row["parity_error"] == pytest.approx(2.4e-3)
     assert "FAILED" in row["parity"]
 
 
-def test_tolerance_mode_is_reported_on_the_row():
+def test_the_gate_decides_and_every_row_shows_all_three_facts():
     s = study_info()
     c = cand(8)
-    m = measured(c, base=4.80, cand_us=4.00, low=1.17, high=1.23, mode="tolerance", err=3.1e-3)
-    row = rank.decide([(s, [(c, m)])]).iloc[0]
-    assert row["decision"] == "accept"
-    assert row["parity_mode"] == "tolerance" and "3.1e-03" in row["parity"]
+    outside = measured(c, base=4.80, cand_us=4.00, low=1.17, high=1.23, err=3.1e-3,
+                       in_default=False)
+    accepted = rank.decide([(s, [(c, outside)])]).iloc[0]  # accuracy (default): accepted
+    assert accepted["decision"] == "accept" and "3.10e-03" in accepted["parity"]
+    kernel = rank.decide([(s, [(c, outside)])], gate="kernel").iloc[0]
+    assert kernel["decision"] == "reject" and kernel["parity_mode"] == "kernel"
+    assert "differs from the default config's" in kernel["reason"]
+    for row in (accepted, kernel):
+        assert not row["bitwise_vs_default"] and row["default_class"] == "0000aaaa1111bbbb"
+    legacy = rank.decide([(s, [(c, outside)])], gate="exact").iloc[0]  # deprecated alias
+    assert legacy["parity_mode"] == "kernel"
 
 
 def test_slower_than_the_default_config_is_rejected():
@@ -285,7 +304,7 @@ def test_rank_with_swapped_measurement_writes_the_table(storage, tmp_path):
         (big, 8): lambda c: measured(c, base=4.80, cand_us=4.00, low=1.17, high=1.23),
         (big, 4): lambda c: measured(c, base=4.80, cand_us=4.70, low=0.99, high=1.05, noise=2.0),
         (big, 2): lambda c: measured(c, base=4.80, cand_us=4.50, low=1.05, high=1.08,
-                                     parity=False, err=1e-3, reason="hash differs"),
+                                     parity=False, err=1e-3),
         (small, 2): lambda c: rank.Measured(config=c.config, failure="illegal memory access"),
     }
     measure, calls = recorded_measure(records)
@@ -293,8 +312,8 @@ def test_rank_with_swapped_measurement_writes_the_table(storage, tmp_path):
              "triton": "3.6.0", "kernel_hash": "0123456789abcdef", "fp_fusion": True}
     table = rank.rank(storage, family="gemv", device="nvidia-h200", measure=measure,
                       identity=lambda family: ident, progress=False)
-    assert sorted(calls) == sorted([(big, 8, "exact"), (big, 4, "exact"), (big, 2, "exact"),
-                                    (small, 2, "exact")])
+    assert sorted(calls) == sorted([(big, 8, "accuracy"), (big, 4, "accuracy"), (big, 2, "accuracy"),
+                                    (small, 2, "accuracy")])
     assert table["decision"].tolist() == ["accept", "reject", "reject", "reject"]
     reasons = " | ".join(table["reason"])
     assert "noise:" in reasons and "parity:" in reasons and "failed: illegal memory" in reasons
@@ -355,7 +374,7 @@ def test_real_measurement_path_under_the_interpreter(tmp_path, monkeypatch):
     failed = by_rows[3]
     assert failed["reason"].startswith("failed:") and "power of two" in failed["reason"]
     ok = by_rows[default_config(shape, "cuda")["ROWS_PER_BLOCK"]]
-    assert ok["parity"].startswith("exact ok")  # the default config is its own reference
+    assert ok["parity"].startswith("accuracy ok") and ok["bitwise_vs_default"]
     assert ok["baseline_us"] > 0 and ok["candidate_us"] > ok["baseline_us"]
     assert ok["reason"].startswith("not faster:") and ok["decision"] == "reject"
 
@@ -368,7 +387,7 @@ def test_measure_on_gpu_real_gemv():
     s = study_info("m=4,n=4864,k=896,dtype=bfloat16")
     c = rank.Candidate(config=default_config(s.shape, "cuda"), search_us=0.0, trial=0)
     m = rank.measure_on_gpu(s, c, "exact")
-    assert not m.failure and m.parity.passed  # the default config is its own reference
+    assert not m.failure and m.parity.bitwise_vs_default  # the default config's own class
     assert m.vs_baseline.reference_us > 0 and m.vs_baseline.candidate_us > 0
     assert m.vs_default.speedup_low <= 1.0 + 0.05
     row = rank.decide([(s, [(c, m)])]).iloc[0]

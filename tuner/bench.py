@@ -296,14 +296,12 @@ class BenchRow:
     spread_pct: float = float("nan")
     tbps: float = float("nan")  # bytes_moved / time, TB/s
     bandwidth_share: float = float("nan")  # of the profile's measured read bandwidth
-    parity: str = ""  # exact / tolerance / mismatch (hash class vs the default config)
-    output_hash: str = ""
-    rel_err: float = float("nan")
+    facts: object = None  # tuner.parity.ParityFacts (None: failed before parity)
     failure: str = ""
     extra: dict = field(default_factory=dict)
 
 
-def _row(label, config, family, shape, timing: Timing | None, parity_result, profile,
+def _row(label, config, family, shape, timing: Timing | None, facts, profile,
          failure: str = "") -> BenchRow:
     row = BenchRow(label=label, config=config, failure=failure)
     if timing is not None:
@@ -312,10 +310,7 @@ def _row(label, config, family, shape, timing: Timing | None, parity_result, pro
         row.tbps = family.bytes_moved(shape) / (timing.median_us * 1e-6) / 1e12
         if profile is not None and profile.read_bandwidth_bytes_per_s > 0:
             row.bandwidth_share = row.tbps * 1e12 / profile.read_bandwidth_bytes_per_s
-    if parity_result is not None:
-        row.parity = parity_result.parity_class
-        row.output_hash = parity_result.output_hash
-        row.rel_err = parity_result.rel_err
+    row.facts = facts
     return row
 
 
@@ -327,16 +322,13 @@ def bench_one(family, shape: dict, label: str, which, *, checker, input_sets, ca
     config = None if which == "baseline" else (
         family.default_config(shape, backend) if which == "default" else dict(which))
     try:
-        if which == "baseline":
-            parity_result = checker.judge(family.baseline(checker.inputs), "tolerance")
-        else:
-            parity_result = checker.check(config, "tolerance")
+        facts = checker.baseline_facts() if which == "baseline" else checker.facts(config)
         timing = time_config(family, shape, which if which == "baseline" else config,
                              cache=cache, groups=groups, replays=replays, input_sets=input_sets,
                              device=device, **timer_options)
     except CandidateFailure as exc:
         return _row(label, config, family, shape, None, None, profile, failure=exc.reason)
-    return _row(label, config, family, shape, timing, parity_result, profile)
+    return _row(label, config, family, shape, timing, facts, profile)
 
 
 def sweep(family, shape: dict, *, checker, input_sets, cache: str, profile=None,
@@ -373,8 +365,11 @@ def sweep(family, shape: dict, *, checker, input_sets, cache: str, profile=None,
 
 
 def format_rows(rows: list[BenchRow], *, with_config: bool = True) -> str:
-    head = f"{'path':<10} {'median us':>10} {'spread':>7} {'TB/s':>6} {'of BW':>6} " \
-           f"{'parity':<9} {'hash':<16} {'rel err':>8}  config"
+    """The rows as a table with the three parity facts: bitwise equal to the serving path (=base),
+    the output class (and whether it is the default config's, =dflt), the error against the fp32
+    reference and its ratio to the serving path's own error."""
+    head = (f"{'path':<10} {'median us':>10} {'spread':>7} {'TB/s':>6} {'of BW':>6} "
+            f"{'=base':>5} {'class':<16} {'=dflt':>5} {'error':>8} {'x base':>7}  config")
     lines = [head]
     for r in rows:
         if r.failure:
@@ -384,17 +379,22 @@ def format_rows(rows: list[BenchRow], *, with_config: bool = True) -> str:
             else f"{'-':>6}"
         cfg = "" if not with_config or r.config is None else ",".join(
             f"{k}={v}" for k, v in r.config.items())
+        f = r.facts
+        yes = {True: "yes", False: "no"}
+        ratio = f"{f.error_ratio:.2f}x" if f.error_ratio == f.error_ratio else "nan"
         lines.append(f"{r.label:<10} {r.median_us:>10.2f} {r.spread_pct:>6.2f}% {r.tbps:>6.2f} "
-                     f"{share} {r.parity:<9} {r.output_hash:<16} {r.rel_err:>8.1e}  {cfg}")
+                     f"{share} {yes[f.bitwise_vs_baseline]:>5} {f.parity_class:<16} "
+                     f"{yes[f.bitwise_vs_default]:>5} {f.error_vs_reference:>8.1e} {ratio:>7}  {cfg}")
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------ tuner bench
 def run_command(family_name: str, shape_text: str, *, dtype=None, configs=(), cache="cold",
                 groups=10, replays=10, device=None, device_profile=None, do_sweep=False,
-                max_configs=None, top=5, out=print) -> None:
+                max_configs=None, top=5, gate="accuracy", margin=1.25, out=print) -> None:
     """`tuner bench`: baseline, default and the given configs (and with `sweep` the whole
-    space, `do_sweep`) for one shape under the timing protocol, printed as a table through `out`."""
+    space, `do_sweep`) for one shape under the timing protocol, printed as a table through `out`
+    with the three parity facts; the sweep's best configs are those passing `gate`."""
     import kernels
 
     from . import device as device_mod, parity
@@ -412,7 +412,7 @@ def run_command(family_name: str, shape_text: str, *, dtype=None, configs=(), ca
         if profile is None:
             warn("no measured profile for this GPU: run `tuner device` for the bandwidth share")
     sets = make_input_sets(family, shape, cache, dev)
-    checker = parity.Checker(family, shape, reference="default", device=dev)
+    checker = parity.Checker(family, shape, device=dev)
     out(f"{family.name} {family.shape_key(shape)}  cache={cache}  "
         f"input sets={len(sets)}  backend={backend_name(dev)}  "
         f"bytes={family.bytes_moved(shape)}")
@@ -432,13 +432,15 @@ def run_command(family_name: str, shape_text: str, *, dtype=None, configs=(), ca
     if do_sweep:
         swept = sweep(family, shape, checker=checker, input_sets=sets, cache=cache,
                       profile=profile, max_configs=max_configs, device=dev, **options)
-        ok = sorted((r for r in swept if not r.failure and r.parity != "mismatch"),
+        ok = sorted((r for r in swept if not r.failure and r.facts.passes(gate, margin)),
                     key=lambda r: r.median_us)
-        hashes = {r.output_hash for r in swept if r.output_hash}
+        classes = {r.facts.parity_class for r in swept if r.facts is not None}
         failed = sum(1 for r in swept if r.failure)
-        mismatched = sum(1 for r in swept if r.parity == "mismatch")
-        out(f"\nsweep: {len(swept)} configs, {failed} failed, {mismatched} parity mismatches, "
-            f"{len(hashes)} distinct output hashes; best {min(top, len(ok))}:")
+        in_default = sum(1 for r in swept if r.facts is not None and r.facts.bitwise_vs_default)
+        bitwise = sum(1 for r in swept if r.facts is not None and r.facts.bitwise_vs_baseline)
+        out(f"\nsweep: {len(swept)} configs, {failed} failed, {len(swept) - failed - len(ok)} fail "
+            f"--parity {gate}; {len(classes)} output classes, {in_default} configs in the default's, "
+            f"{bitwise} bitwise equal to the serving path; best {min(top, len(ok))}:")
         out(format_rows(ok[: top]))
         if ok and rows[0].median_us == rows[0].median_us:
             out(f"best vs baseline: {rows[0].median_us / ok[0].median_us:.3f}x   "

@@ -60,6 +60,16 @@ def _storage_flag(p) -> None:
                    f"between hosts); a plain path is a SQLite file; default {DEFAULT_STORAGE_TEXT}")
 
 
+def _parity_flags(p, what: str = "which candidates keep output parity") -> None:
+    from .parity import ALIASES, DEFAULT_GATE, DEFAULT_MARGIN, GATE_HELP, GATES
+
+    p.add_argument("--parity", choices=(*GATES, *ALIASES), default=DEFAULT_GATE, metavar="GATE",
+                   help=f"{what}: {GATE_HELP}; default {DEFAULT_GATE}")
+    p.add_argument("--parity-margin", type=float, default=DEFAULT_MARGIN, metavar="X",
+                   help="the accuracy gate's bar: error at most X times the serving path's own "
+                   f"(default {DEFAULT_MARGIN:g})")
+
+
 def _timeout_flag(p, what: str, default: str | None) -> None:
     p.add_argument("--timeout", metavar="DURATION", default=default,
                    help=f"{what}: 8h, 90m, 30s, 1h30m, or a bare number of seconds"
@@ -444,9 +454,7 @@ def _add_rank(sub) -> None:
     _device_flag(p, "whose studies to rank (its key names them)")
     p.add_argument("--top", type=int, default=3,
                    help="distinct configs per study to re-measure (default 3)")
-    p.add_argument("--parity", choices=("exact", "tolerance"), default="exact",
-                   help="exact: same output bytes as the default config (default); tolerance: "
-                   "relative error within the dtype's bound")
+    _parity_flags(p, "rank's parity gate")
     p.add_argument("--min-speedup", type=float, default=1.01,
                    help="the lower confidence bound of the paired speedup must reach this "
                    "(default 1.01)")
@@ -459,6 +467,7 @@ def _add_rank(sub) -> None:
 
 def cmd_rank(args) -> int:
     from . import rank
+    from .parity import resolve_gate
     from .runtime import current_identity
 
     if args.top < 1:
@@ -471,7 +480,8 @@ def cmd_rank(args) -> int:
         rank._require_gpu()  # the default device is this machine's GPU
         device = (current_identity() or {}).get("key")
     table = rank.rank(args.storage, family=args.family, device=device, top=args.top,
-                      parity_mode=args.parity, min_speedup=args.min_speedup,
+                      parity_mode=resolve_gate(args.parity), margin=args.parity_margin,
+                      min_speedup=args.min_speedup,
                       threshold=args.min_saving)
     name = args.name or f"{device or 'all'}-{args.family or 'all'}"
     parquet, md = rank.write(table, args.output, name)

@@ -1,56 +1,138 @@
-"""Output parity: does a candidate config compute the same thing as the path it replaces?
+"""Output parity: what exactly does a candidate config compute the same as?
 
-Two modes (DESIGN.md):
-- ``exact``: the sha256 of the candidate's output bytes equals that of the reference path on the
-  same inputs (``reference="default"``: the family's default config; ``"baseline"``: torch's path).
-  Bit-identical output: the config can replace the reference without any numerical review.
-- ``tolerance``: the norm-wise relative error ||out - ref|| / ||ref|| against the family's fp32 (or
-  better) reference is within the output dtype's bound.
+Three facts per candidate, whatever gate is used (DESIGN.md "Parity"), measured on `seeds` sets of
+fresh random inputs (never zeros: families draw from normal / uniform distributions), each run
+into a NaN-poisoned output so elements the kernel never writes show up:
 
-Bounds (norm-wise relative error; u = unit roundoff of the output dtype):
-- bfloat16: 1e-2. u = 2^-8 = 3.9e-3; rounding an exact result to bf16 alone gives up to u per
-  element (about u/sqrt(3) = 2.3e-3 norm-wise for uniform rounding error). 1e-2 is ~2.5 u: room
-  for a different fp32 summation order (error ~ sqrt(k) * 2^-24, negligible) and for paths that
-  round an intermediate to bf16 once, but a wrong element (a missed k block, a wrong row) on a
-  realistic shape moves the error far above it.
-- float16: 1e-3 (u = 2^-11 = 4.9e-4, the same ~2 u argument).
-- float32: 1e-5 (fp32 accumulation over k up to ~1e5 with TF32 off).
+- ``bitwise_vs_baseline``: its output bytes equal those of the path serving uses today (torch's
+  linear / matmul / SDPA) on every seed: "the model computes what it computed before".
+- ``parity_class``: the hash of its output on the first seed: configs with one hash form a class;
+  ``default_class`` names the class of the family's default (deployed) config, and
+  ``bitwise_vs_default`` says whether the candidate is in it on every seed.
+- ``error_vs_reference`` / ``baseline_error_vs_reference`` / ``error_ratio``: the norm-wise relative
+  error ||out - ref|| / ||ref|| against the family's fp32 (or better) reference, of the candidate
+  and of the baseline path on the same inputs, and their ratio; each the worst over the seeds.
+  NaN or inf in an output is an infinite error.
 
-Every check draws fresh random inputs (never zeros: families draw from a normal distribution),
-fills the output with NaN before the run so elements the kernel never writes show up, and fails
-any NaN or inf in the output.
+Gates, named for what they check (one name in every command, table and doc):
+- ``baseline``: bitwise equal to the serving path. The strongest claim, rarely possible.
+- ``kernel``: bitwise equal to the family's default config (same work split, same reduction
+  order). A search space declares which parameters keep the reduction order (`order_params` in
+  search_spaces/<family>.yaml), so a `kernel` search explores only configs that can pass.
+- ``accuracy`` (the default): on every seed the candidate's error is at most ``margin`` (1.25 by
+  default) times the baseline's own error on the same inputs. A serving team's honest bar: no
+  worse than what it runs today, with the other two facts printed beside it.
+``exact`` and ``tolerance`` are deprecated aliases of ``kernel`` and ``accuracy``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from .errors import CandidateFailure, NoGPUError, TunerError, one_line
+from .errors import CandidateFailure, NoGPUError, TunerError, one_line, warn
 
-REL_ERR_BOUNDS = {"bfloat16": 1e-2, "float16": 1e-3, "float32": 1e-5}
+__all__ = ["ALIASES", "Checker", "DEFAULT_GATE", "DEFAULT_MARGIN", "DEFAULT_SEEDS", "GATES",
+           "ParityFacts", "output_hash", "rel_error", "resolve_gate", "resolve_device"]
+
+GATES = ("baseline", "kernel", "accuracy")
+ALIASES = {"exact": "kernel", "tolerance": "accuracy"}
+DEFAULT_GATE = "accuracy"
+DEFAULT_MARGIN = 1.25
+DEFAULT_SEEDS = 3
+GATE_HELP = ("baseline: bitwise equal to the serving path (torch); kernel: bitwise equal to the "
+             "family's default config; accuracy: error against an fp32 reference at most "
+             "--parity-margin x the serving path's own, on every input seed (exact / tolerance: "
+             "deprecated names of kernel / accuracy)")
+
+
+def resolve_gate(name: str, *, quiet: bool = False) -> str:
+    """A gate name; the deprecated aliases map to their new names with one warning."""
+    text = str(name).strip().lower()
+    if text in ALIASES:
+        if not quiet:
+            warn(f"--parity {text} is deprecated: it means --parity {ALIASES[text]}")
+        return ALIASES[text]
+    if text not in GATES:
+        raise TunerError(f"unknown parity gate {name!r}: use {', '.join(GATES)}")
+    return text
 
 
 @dataclass
-class ParityResult:
-    passed: bool
-    mode: str  # "exact" or "tolerance"
-    output_hash: str  # sha256 of the candidate output bytes (first 16 hex)
-    reference_hash: str  # hash of the reference path's output on the same inputs
-    rel_err: float  # ||out - ref_fp32|| / ||ref_fp32||
-    reason: str  # "" when passed, else why
+class ParityFacts:
+    """The three parity facts of one candidate (module docstring), as plain values."""
 
-    @property
-    def parity_class(self) -> str:
-        """'exact', 'tolerance' (passes the bound, different bytes) or 'mismatch'."""
-        if not self.finite_and_bounded:
-            return "mismatch"
-        return "exact" if self.output_hash == self.reference_hash else "tolerance"
+    bitwise_vs_baseline: bool
+    bitwise_vs_default: bool
+    parity_class: str  # output hash (16 hex) on the first seed
+    default_class: str  # the default config's hash on the first seed
+    error_vs_reference: float  # worst over the seeds; inf with NaN/inf in the output
+    baseline_error_vs_reference: float  # the baseline path's, worst over the same seeds
+    error_ratio: float  # worst over the seeds of candidate error / baseline error
+    nonfinite: int = 0  # NaN / inf / unwritten output elements, summed over the seeds
+    seeds: int = 1
 
-    finite_and_bounded: bool = True
+    def failure(self, gate: str, margin: float = DEFAULT_MARGIN) -> str:
+        """Why the candidate fails `gate` ('' when it passes). NaN never passes any gate."""
+        gate = resolve_gate(gate, quiet=True)
+        if self.nonfinite:
+            return f"{self.nonfinite} output elements are NaN/inf (unwritten or non-finite)"
+        if gate == "baseline" and not self.bitwise_vs_baseline:
+            return "output bytes differ from the serving path's"
+        if gate == "kernel" and not self.bitwise_vs_default:
+            return (f"output class {self.parity_class} differs from the default config's "
+                    f"{self.default_class}")
+        if gate == "accuracy" and not self.error_ratio <= margin:
+            return (f"error {self.error_vs_reference:.2e} is {self.error_ratio:.2f}x the serving "
+                    f"path's {self.baseline_error_vs_reference:.2e} (> {margin:g}x)")
+        return ""
+
+    def passes(self, gate: str, margin: float = DEFAULT_MARGIN) -> bool:
+        return self.failure(gate, margin) == ""
+
+    def describe(self) -> str:
+        """One line with all three facts."""
+        if self.bitwise_vs_baseline:
+            head = "BITWISE EQUAL TO THE SERVING PATH"
+        else:
+            head = "bytes differ from the serving path"
+        cls = (f"class {self.parity_class} (= default)" if self.bitwise_vs_default
+               else f"class {self.parity_class} (default {self.default_class})")
+        return (f"{head}; {cls}; error {_e(self.error_vs_reference)} vs serving path "
+                f"{_e(self.baseline_error_vs_reference)} ({_ratio(self.error_ratio)})")
+
+    def to_attrs(self) -> dict:
+        """Plain JSON values (inf / NaN as None) for trial attributes and verdict columns."""
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_attrs(cls, attrs: dict) -> "ParityFacts":
+        def num(key):
+            value = attrs.get(key)
+            return math.inf if value is None else float(value)
+
+        return cls(bool(attrs["bitwise_vs_baseline"]), bool(attrs["bitwise_vs_default"]),
+                   str(attrs["parity_class"]), str(attrs["default_class"]),
+                   num("error_vs_reference"), num("baseline_error_vs_reference"),
+                   num("error_ratio"), int(attrs.get("nonfinite") or 0),
+                   int(attrs.get("seeds") or 1))
 
 
+FACT_FIELDS = tuple(ParityFacts.__dataclass_fields__)
+
+
+def _e(value: float) -> str:
+    return "nan" if value is None or not math.isfinite(value) else f"{value:.2e}"
+
+
+def _ratio(value: float) -> str:
+    return "inf x" if value is None or not math.isfinite(value) else f"{value:.2f}x"
+
+
+# ------------------------------------------------------------------------------------ measures
 def output_hash(tensor) -> str:
     """sha256 (first 16 hex) of a tensor's bytes, in row-major order, with its shape and dtype."""
     import torch
@@ -78,13 +160,6 @@ def rel_error(out, reference) -> float:
     return diff / denom if denom > 0 else (0.0 if diff == 0 else float("inf"))
 
 
-def bound_for(dtype) -> float:
-    name = str(dtype).removeprefix("torch.")
-    if name not in REL_ERR_BOUNDS:
-        raise TunerError(f"no tolerance bound for dtype {name}")
-    return REL_ERR_BOUNDS[name]
-
-
 def resolve_device(device=None):
     """The given device; else the current GPU; else the CPU when TRITON_INTERPRET=1."""
     import torch
@@ -99,12 +174,6 @@ def resolve_device(device=None):
                      "(set TRITON_INTERPRET=1 to run small shapes on the CPU)")
 
 
-def _poisoned_like(template):
-    import torch
-
-    return torch.full_like(template, float("nan"))
-
-
 def _sync(device) -> None:
     import torch
 
@@ -112,91 +181,119 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-class Checker:
-    """Fresh inputs, the fp32 reference and the reference path's hash for one shape; `check`
-    then judges any number of configs on those same inputs (a sweep computes them once)."""
+def _backend_for(device) -> str:
+    if device.type != "cuda":
+        return "cuda"  # interpreter runs: the default config of the CUDA space
+    from .device import detect
 
-    def __init__(self, family, shape: dict, *, reference="default", seed: int = 0, device=None,
-                 backend: str | None = None):
+    fields = detect(device.index)
+    return "dcu" if fields["is_dcu"] else fields["backend"]
+
+
+@dataclass
+class _Seed:
+    inputs: dict
+    reference: object  # the fp32 (or better) result
+    baseline_hash: str
+    baseline_error: float
+    default_hash: str
+
+
+class Checker:
+    """Fresh inputs for `seeds` seeds, with the reference, the baseline path's output and the
+    default config's output of each, computed once; `facts(config)` then judges any number of
+    configs on those same inputs (a sweep or a search computes them once per shape)."""
+
+    def __init__(self, family, shape: dict, *, seeds: int = DEFAULT_SEEDS, seed: int = 0,
+                 device=None, backend: str | None = None, default_config: dict | None = None,
+                 reference: str = "default"):  # TODO(search-facts): `reference` goes with check()
+        import torch
+
+        if seeds < 1:
+            raise TunerError("parity needs at least one input seed")
         self.family = family
         self.shape = dict(shape)
         self.device = resolve_device(device)
-        self.inputs = family.make_inputs(self.shape, self.device, seed)
-        self.ref32 = family.reference(self.inputs)
-        self.reference = reference
-        if reference == "baseline":
-            ref_out = family.baseline(self.inputs)
-        elif reference == "default":
-            if backend is None:
-                backend = _backend_for(self.device)
-            config = family.default_config(self.shape, backend)
-            template = family.baseline(self.inputs)
-            ref_out = family.launch(self.inputs, config, out=_poisoned_like(template))
-        elif isinstance(reference, dict):
-            template = family.baseline(self.inputs)
-            ref_out = family.launch(self.inputs, dict(reference), out=_poisoned_like(template))
-        else:
-            raise TunerError(f"unknown parity reference {reference!r}")
-        _sync(self.device)
+        backend = backend or _backend_for(self.device)
+        self.default_config = dict(default_config) if default_config is not None else \
+            family.default_config(self.shape, backend)
+        self.seeds: list[_Seed] = []
+        for i in range(seeds):
+            inputs = family.make_inputs(self.shape, self.device, seed + i)
+            reference = family.reference(inputs)
+            baseline = family.baseline(inputs)
+            _sync(self.device)
+            if not bool(torch.isfinite(baseline).all()):
+                raise TunerError(f"the baseline path produced NaN/inf on "
+                                 f"{family.shape_key(self.shape)} (seed {seed + i})")
+            self.template = baseline
+            default_out = self._launch(inputs, self.default_config, "the default config")
+            self.seeds.append(_Seed(inputs, reference, output_hash(baseline),
+                                    rel_error(baseline, reference), output_hash(default_out)))
+        self.default_class = self.seeds[0].default_hash
+        self.baseline_class = self.seeds[0].baseline_hash
+
+    @property
+    def inputs(self) -> dict:
+        """The first seed's inputs."""
+        return self.seeds[0].inputs
+
+    def _launch(self, inputs: dict, config: dict, what: str = "the candidate"):
         import torch
 
-        if not bool(torch.isfinite(ref_out).all()):
-            raise TunerError(f"the parity reference path ({reference}) produced NaN/inf on "
-                             f"{family.shape_key(self.shape)}")
-        self.template = ref_out
-        self.reference_hash = output_hash(ref_out)
-        self.reference_rel_err = rel_error(ref_out, self.ref32)
-        self.bound = bound_for(ref_out.dtype)
-
-    def run(self, config: dict):
-        """Launch config into a NaN-poisoned output; returns the output tensor."""
-        out = _poisoned_like(self.template)
+        out = torch.full_like(self.template, float("nan"))
         try:
-            result = self.family.launch(self.inputs, dict(config), out=out)
+            result = self.family.launch(inputs, dict(config), out=out)
             _sync(self.device)
         except Exception as exc:  # noqa: BLE001 - a failing config is data
             raise CandidateFailure(one_line(exc)) from None
         return out if result is None else result
 
-    def judge(self, result, mode: str = "exact") -> ParityResult:
+    def run(self, config: dict, seed_index: int = 0):
+        """Launch config on one seed's inputs into a NaN-poisoned output; returns the output."""
+        return self._launch(self.seeds[seed_index].inputs, config)
+
+    def judge(self, outputs: list) -> ParityFacts:
+        """The facts of outputs computed on each seed's inputs (in seed order)."""
         import torch
 
-        if mode not in ("exact", "tolerance"):
-            raise TunerError(f"parity mode must be 'exact' or 'tolerance', got {mode!r}")
-        h = output_hash(result)
-        nonfinite = int((~torch.isfinite(result)).sum()) if result.is_floating_point() else 0
-        err = rel_error(result, self.ref32)
-        bounded = nonfinite == 0 and err <= self.bound
-        if nonfinite:
-            reason = (f"{nonfinite} of {result.numel()} output elements are NaN/inf "
-                      f"(unwritten or non-finite)")
-        elif mode == "exact" and h != self.reference_hash:
-            reason = f"hash {h} differs from the {self._ref_name()} {self.reference_hash} " \
-                     f"(rel err {err:.2e})"
-        elif mode == "tolerance" and not bounded:
-            reason = f"rel err {err:.2e} > {self.bound:.0e}"
-        else:
-            reason = ""
-        return ParityResult(passed=reason == "", mode=mode, output_hash=h,
-                            reference_hash=self.reference_hash, rel_err=err, reason=reason,
-                            finite_and_bounded=bounded)
+        errors, ratios, hashes = [], [], []
+        nonfinite = 0
+        for seed, out in zip(self.seeds, outputs):
+            nonfinite += int((~torch.isfinite(out)).sum()) if out.is_floating_point() else 0
+            err = rel_error(out, seed.reference)
+            errors.append(err)
+            base = seed.baseline_error
+            ratios.append(err / base if base > 0 else (1.0 if err == 0 else math.inf))
+            hashes.append(output_hash(out))
+        return ParityFacts(
+            bitwise_vs_baseline=all(h == s.baseline_hash for h, s in zip(hashes, self.seeds)),
+            bitwise_vs_default=all(h == s.default_hash for h, s in zip(hashes, self.seeds)),
+            parity_class=hashes[0], default_class=self.default_class,
+            error_vs_reference=max(errors),
+            baseline_error_vs_reference=max(s.baseline_error for s in self.seeds),
+            error_ratio=max(ratios), nonfinite=nonfinite, seeds=len(self.seeds))
 
-    def check(self, config: dict, mode: str = "exact") -> ParityResult:
-        return self.judge(self.run(config), mode)
+    def facts(self, config: dict) -> ParityFacts:
+        """Run `config` on every seed and judge it (CandidateFailure if it does not run)."""
+        return self.judge([self.run(config, i) for i in range(len(self.seeds))])
 
-    def _ref_name(self) -> str:
-        return self.reference if isinstance(self.reference, str) else "reference config"
+    def baseline_facts(self) -> ParityFacts:
+        """The facts of the serving path itself (what the baseline row of a table shows)."""
+        outputs = [self.family.baseline(s.inputs) for s in self.seeds]
+        _sync(self.device)
+        return self.judge(outputs)
 
+    # TODO(search-facts): tuner.search's objective still calls this; it goes once the search
+    # records ParityFacts (the search package is being restructured).
+    def check(self, config: dict, mode: str = "exact"):
+        from types import SimpleNamespace
 
-def _backend_for(device) -> str:
-    if device.type != "cuda":
-        return "cuda"  # interpreter runs: the default config of the CUDA space
-    from .bench import backend_name
-
-    return backend_name(device)
-
-
-def check(family, shape: dict, config: dict, *, mode: str = "exact", reference="default",
-          seed: int = 0, device=None) -> ParityResult:
-    """Parity of one config on fresh inputs drawn with `seed` (see the module docstring)."""
-    return Checker(family, shape, reference=reference, seed=seed, device=device).check(config, mode)
+        facts = self.facts(config)
+        gate = resolve_gate(mode, quiet=True)
+        reason = facts.failure(gate)
+        cls = ("exact" if facts.bitwise_vs_default else
+               "tolerance" if facts.passes("accuracy") else "mismatch")
+        return SimpleNamespace(passed=reason == "", mode=mode, output_hash=facts.parity_class,
+                               reference_hash=facts.default_class, rel_err=facts.error_vs_reference,
+                               reason=reason, parity_class=cls, facts=facts)

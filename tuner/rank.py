@@ -1,11 +1,15 @@
 """`tuner rank`: turn search leads into verdicts a serving team can trust.
 
 For every study in a storage (filtered by family and device) the best few *distinct* feasible
-configs are re-measured in this process: output parity (tuner.parity.check) and a paired,
-interleaved timing against the baseline (the path serving uses today) and against the family's
-default config (tuner.bench.compare). Three gates decide:
+configs are re-measured in this process: the three parity facts (tuner.parity: bitwise equal to
+the serving path, the output class and the default config's, the error against an fp32 reference
+beside the serving path's own) and a paired, interleaved timing against the baseline (the path
+serving uses today) and against the family's default config (tuner.bench.compare). Three gates
+decide:
 
-- parity: ``exact`` (same output hash as the reference path) by default, or ``tolerance``;
+- parity: ``accuracy`` by default (error at most ``margin`` x the serving path's on every seed),
+  or ``kernel`` (bitwise equal to the default config) or ``baseline`` (bitwise equal to the
+  serving path); every verdict row carries all three facts, whatever gate was used;
 - speedup: the lower confidence bound of the paired ratio against the baseline >= ``min_speedup``;
 - budget: projected saving per token = saving per call x calls_per_step x hit_rate reaches the
   threshold (µs per token, or a share of the step, as in tuner/budget.py).
@@ -27,7 +31,8 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from .errors import TunerError, info, warn
+from .errors import CandidateFailure, TunerError, info, one_line, warn
+from .parity import DEFAULT_GATE, DEFAULT_MARGIN, ParityFacts, resolve_gate
 from .tables import read_parquet, write_parquet
 from .units import Threshold, parse_threshold
 
@@ -41,6 +46,10 @@ VERDICT_COLUMNS = [
     "speedup_high", "parity_mode", "parity_error", "parity", "saving_us_per_call",
     "calls_per_step", "hit_rate", "saving_us_per_token", "share_of_step", "decision", "reason",
 ]
+# The three parity facts of every candidate, whatever gate decided (tuner.parity.ParityFacts).
+PARITY_COLUMNS = ["parity_margin", "bitwise_vs_baseline", "bitwise_vs_default", "parity_class",
+                  "default_class", "error_vs_reference", "baseline_error_vs_reference",
+                  "error_ratio", "parity_seeds"]
 MEASURED_COLUMNS = [
     "default_us", "speedup_vs_default", "noise_pct", "search_us", "trial", "step_us", "phase",
     "study", "shape_json", "device",
@@ -83,16 +92,6 @@ class Candidate:
 
 
 @dataclass
-class Parity:
-    """What rank needs from tuner.parity.ParityResult."""
-
-    passed: bool
-    mode: str
-    rel_err: float
-    reason: str = ""
-
-
-@dataclass
 class Pair:
     """What rank needs from tuner.bench.Paired."""
 
@@ -109,7 +108,7 @@ class Measured:
     """Everything measured for one candidate. `failure` set: it did not compile/run."""
 
     config: dict
-    parity: Parity | None = None
+    parity: ParityFacts | None = None  # the three parity facts (tuner.parity)
     vs_baseline: Pair | None = None
     vs_default: Pair | None = None
     failure: str = ""
@@ -123,17 +122,18 @@ def config_text(config: dict) -> str:
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
-def parity_text(parity: Parity | None) -> str:
-    if parity is None:
+def parity_text(facts: ParityFacts | None, gate: str, margin: float) -> str:
+    """'accuracy ok: <the three facts>' or 'accuracy FAILED (why): <the three facts>'."""
+    if facts is None:
         return "not checked"
-    err = "nan" if parity.rel_err is None or math.isnan(parity.rel_err) else f"{parity.rel_err:.1e}"
-    if parity.passed:
-        return f"{parity.mode} ok (rel err {err})"
-    return f"{parity.mode} FAILED: {parity.reason or 'output differs'} (rel err {err})"
+    why = facts.failure(gate, margin)
+    verdict = f"{gate} ok" if not why else f"{gate} FAILED ({why})"
+    return f"{verdict}: {facts.describe()}"
 
 
 def decide_one(study: StudyInfo, cand: Candidate, meas: Measured, *, min_speedup: float,
-               threshold: Threshold) -> dict:
+               threshold: Threshold, gate: str = DEFAULT_GATE,
+               margin: float = DEFAULT_MARGIN) -> dict:
     """One verdict row from measured numbers. Pure: no GPU, no I/O."""
     row: dict[str, Any] = {
         "rank": 0,
@@ -142,9 +142,9 @@ def decide_one(study: StudyInfo, cand: Candidate, meas: Measured, *, min_speedup
         "config": config_text(cand.config),
         "baseline_us": math.nan, "candidate_us": math.nan,
         "speedup": math.nan, "speedup_low": math.nan, "speedup_high": math.nan,
-        "parity_mode": meas.parity.mode if meas.parity else "",
-        "parity_error": float(meas.parity.rel_err) if meas.parity else math.nan,
-        "parity": parity_text(meas.parity),
+        "parity_mode": gate,
+        "parity_error": float(meas.parity.error_vs_reference) if meas.parity else math.nan,
+        "parity": parity_text(meas.parity, gate, margin),
         "saving_us_per_call": math.nan,
         "calls_per_step": float(study.calls_per_step),
         "hit_rate": float(study.hit_rate),
@@ -156,6 +156,8 @@ def decide_one(study: StudyInfo, cand: Candidate, meas: Measured, *, min_speedup
         "search_us": float(cand.search_us), "trial": int(cand.trial),
         "step_us": float(study.step_us), "phase": study.phase, "study": study.name,
         "shape_json": json.dumps(study.shape, sort_keys=True), "device": study.device,
+        "parity_margin": float(margin),
+        **_fact_columns(meas.parity),
     }
     if meas.vs_baseline is not None:
         b = meas.vs_baseline
@@ -173,8 +175,8 @@ def decide_one(study: StudyInfo, cand: Candidate, meas: Measured, *, min_speedup
     if meas.failure:
         row["reason"] = f"failed: {meas.failure}"
         return row
-    if meas.parity is None or not meas.parity.passed:
-        row["reason"] = f"parity: {parity_text(meas.parity)}"
+    if meas.parity is None or not meas.parity.passes(gate, margin):
+        row["reason"] = f"parity: {parity_text(meas.parity, gate, margin)}"
         return row
     b = meas.vs_baseline
     if b is None:
@@ -207,6 +209,20 @@ def decide_one(study: StudyInfo, cand: Candidate, meas: Measured, *, min_speedup
     return row
 
 
+def _fact_columns(facts: ParityFacts | None) -> dict:
+    if facts is None:
+        return {"bitwise_vs_baseline": None, "bitwise_vs_default": None, "parity_class": "",
+                "default_class": "", "error_vs_reference": math.nan,
+                "baseline_error_vs_reference": math.nan, "error_ratio": math.nan,
+                "parity_seeds": 0}
+    return {"bitwise_vs_baseline": bool(facts.bitwise_vs_baseline),
+            "bitwise_vs_default": bool(facts.bitwise_vs_default),
+            "parity_class": facts.parity_class, "default_class": facts.default_class,
+            "error_vs_reference": float(facts.error_vs_reference),
+            "baseline_error_vs_reference": float(facts.baseline_error_vs_reference),
+            "error_ratio": float(facts.error_ratio), "parity_seeds": int(facts.seeds)}
+
+
 def _pct(x: float) -> str:
     if x is None or math.isnan(x):
         return "n/a"
@@ -215,18 +231,19 @@ def _pct(x: float) -> str:
 
 def decide(studies: list[tuple[StudyInfo, list[tuple[Candidate, Measured]]]], *,
            min_speedup: float = DEFAULT_MIN_SPEEDUP,
-           threshold: Threshold | str | None = None) -> pd.DataFrame:
+           threshold: Threshold | str | None = None, gate: str = DEFAULT_GATE,
+           margin: float = DEFAULT_MARGIN) -> pd.DataFrame:
     """All verdict rows, ranked: accepted by projected µs/token (one per shape), then runners-up,
     then rejected. Pure: takes measured numbers, returns the table."""
     threshold = parse_threshold(threshold)
+    gate = resolve_gate(gate, quiet=True)
+    options = dict(min_speedup=min_speedup, threshold=threshold, gate=gate, margin=margin)
     rows = []
     for study, measured in studies:
-        study_rows = [decide_one(study, cand, meas, min_speedup=min_speedup, threshold=threshold)
-                      for cand, meas in measured]
+        study_rows = [decide_one(study, cand, meas, **options) for cand, meas in measured]
         if not measured:  # a shape without any feasible result is a result too
             row = decide_one(study, Candidate({}, math.nan, -1),
-                             Measured(config={}, failure="x"), min_speedup=min_speedup,
-                             threshold=threshold)
+                             Measured(config={}, failure="x"), **options)
             row.update(config="", parity="", reason="no candidate: no feasible completed trial "
                        f"in the study{' (' + study.trials_note + ')' if study.trials_note else ''}")
             study_rows.append(row)
@@ -237,7 +254,7 @@ def decide(studies: list[tuple[StudyInfo, list[tuple[Candidate, Measured]]]], *,
             r["reason"] = (f"passes, but {passing[0]['config']} saves more "
                            f"({passing[0]['saving_us_per_token']:.2f} us/token)")
         rows += study_rows
-    table = pd.DataFrame(rows, columns=VERDICT_COLUMNS + MEASURED_COLUMNS)
+    table = pd.DataFrame(rows, columns=VERDICT_COLUMNS + PARITY_COLUMNS + MEASURED_COLUMNS)
     return order(table)
 
 
@@ -371,9 +388,10 @@ def load_studies(storage: str | None, *, family: str | None = None, device: str 
 
 
 # ---------------------------------------------------------------------------------- measurement
-def measure_on_gpu(study: StudyInfo, cand: Candidate, parity_mode: str, *, device=None,
+def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
                    cache: str = "cold", **compare_options) -> Measured:
-    """Parity, then paired timing against the baseline and the default config (GPU).
+    """The parity facts, then paired timing against the baseline and the default config (GPU).
+    A candidate failing `gate` (on the default margin) is not timed; `decide` judges the facts.
 
     `device`, `cache` and `compare_options` (groups, replays, ...) go to tuner.bench.compare;
     device='cpu' only under TRITON_INTERPRET=1 (tests: the numbers mean nothing)."""
@@ -384,14 +402,10 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, parity_mode: str, *, devic
     family = get_family(study.family)  # bench and parity take the KernelFamily
     meas = Measured(config=cand.config)
     try:
-        p = parity.check(family, study.shape, cand.config, mode=parity_mode, reference="default",
-                         device=device)
-        # the mode it passed: a tolerance check whose bytes match the reference passed exactly
-        same = bool(p.output_hash) and p.output_hash == p.reference_hash
-        mode = "exact" if p.passed and same else p.mode
-        rel_err = math.nan if p.rel_err is None else float(p.rel_err)
-        meas.parity = Parity(bool(p.passed), mode, rel_err, p.reason)
-        if not p.passed:
+        checker = parity.Checker(family, study.shape, device=device,
+                                 default_config=study.default_config, backend=study.backend)
+        meas.parity = checker.facts(cand.config)
+        if not meas.parity.passes(gate):
             return meas
         for name in ("baseline", "default"):
             r = bench.compare(family, study.shape, cand.config, name, cache=cache, device=device,
@@ -402,21 +416,20 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, parity_mode: str, *, devic
                 meas.vs_baseline = pair
             else:
                 meas.vs_default = pair
-    except bench.CandidateFailure as exc:
+    except CandidateFailure as exc:
         meas.failure = str(exc) or type(exc).__name__
     except TunerError:
         raise
     except Exception as exc:  # a candidate crash is data, not the end of the ranking
-        meas.failure = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        meas.failure = one_line(exc)
     return meas
 
 
 def make_measure(*, device=None, cache: str = "cold", **compare_options) -> MeasureFn:
     """A `measure` for `rank` with these timing options (see `measure_on_gpu`)."""
 
-    def measure(study: StudyInfo, cand: Candidate, parity_mode: str) -> Measured:
-        return measure_on_gpu(study, cand, parity_mode, device=device, cache=cache,
-                              **compare_options)
+    def measure(study: StudyInfo, cand: Candidate, gate: str) -> Measured:
+        return measure_on_gpu(study, cand, gate, device=device, cache=cache, **compare_options)
 
     return measure
 
@@ -450,13 +463,15 @@ def fp_fusion_default() -> bool:
 
 
 def rank(storage: str | None = None, *, family: str | None = None, device: str | None = None,
-         top: int = DEFAULT_TOP, parity_mode: str = "exact",
+         top: int = DEFAULT_TOP, parity_mode: str = DEFAULT_GATE, margin: float = DEFAULT_MARGIN,
          min_speedup: float = DEFAULT_MIN_SPEEDUP, threshold: Threshold | str | None = None,
          measure: MeasureFn | None = None, identity: Callable[[str], dict] | None = None,
          progress: bool = True, names: list[str] | None = None) -> pd.DataFrame:
-    """Load studies, re-measure their best distinct configs, decide. Returns the verdict table."""
-    if parity_mode not in ("exact", "tolerance"):
-        raise TunerError(f"--parity must be exact or tolerance, not {parity_mode!r}")
+    """Load studies, re-measure their best distinct configs, decide. Returns the verdict table.
+    `parity_mode`: the gate (baseline, kernel, accuracy; exact / tolerance are deprecated names)."""
+    gate = resolve_gate(parity_mode, quiet=True)
+    if not (margin >= 1.0):
+        raise TunerError(f"--parity-margin must be at least 1, not {margin}")
     if not (min_speedup > 0):
         raise TunerError(f"--min-speedup must be positive, not {min_speedup}")
     threshold = parse_threshold(threshold)
@@ -474,9 +489,10 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
             if progress:
                 info(f"[{i}/{len(studies)}] {study.family} {study.shape_key}: "
                      f"re-measuring {config_text(cand.config)}")
-            results.append((cand, measure(study, cand, parity_mode)))
+            results.append((cand, measure(study, cand, gate)))
         measured.append((study, results))
-    table = decide(measured, min_speedup=min_speedup, threshold=threshold)
+    table = decide(measured, min_speedup=min_speedup, threshold=threshold, gate=gate,
+                   margin=margin)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     idents = {fam: identity(fam) for fam in table["family"].unique()} if len(table) else {}
     for col in IDENTITY_COLUMNS:
@@ -561,6 +577,9 @@ def summary_lines(table: pd.DataFrame, limit: int = 20) -> list[str]:
         out.append(f"{len(accepted)} shape(s) with a winning config, projected "
                    f"{total:.2f} us/token saved in total:")
         for r in accepted.head(limit).itertuples(index=False):
+            if r.bitwise_vs_baseline:
+                out.append(f"  #{r.rank} {r.family} {r.shape}: BITWISE EQUAL TO THE SERVING PATH "
+                           f"(the model computes exactly what it computed before)")
             out.append(f"  #{r.rank} {r.family} {r.shape}: {r.speedup:.3f}x "
                        f"[{r.speedup_low:.3f}, {r.speedup_high:.3f}], "
                        f"{r.baseline_us:.2f} -> {r.candidate_us:.2f} us x "
