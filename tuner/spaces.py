@@ -18,11 +18,18 @@ Format (search_spaces/<family>.yaml)::
       - "BLOCK_K * SPLIT_K <= max(k, BLOCK_K)"
 
 `space_for(family, backend, shape)` gives the parameter lists; `configs(...)` enumerates the
-grid and keeps configs that satisfy every constraint.
+grid and keeps configs that satisfy every constraint; `check(config, shape)` says why a config
+from outside (an export file, a command line) is not one of them.
+
+The YAML files ship inside the installed package (`search_spaces` is a package whose data are
+the YAML files) and are read through `importlib.resources`, so a plain `pip install .` finds
+them wherever it runs. `check_shape(family, shape)` is the shape schema of each family
+(docs/interfaces.md "Shape dicts").
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import itertools
 import math
 from dataclasses import dataclass
@@ -32,7 +39,7 @@ import yaml
 
 from .errors import TunerError
 
-SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+SPACES_PACKAGE = "search_spaces"  # the top-level search_spaces/ directory, a package of YAML data
 BACKENDS = ("cuda", "hip", "dcu")
 
 _SAFE_FUNCS = {"min": min, "max": max, "abs": abs, "ceil": math.ceil, "log2": math.log2,
@@ -58,6 +65,31 @@ class SearchSpace:
                 ) from None
         return True
 
+    def check(self, config, shape: dict) -> str:
+        """'' when `config` is one of this space's configs for `shape`, else why not (one line):
+        not a mapping, unknown or missing parameters, a value that is not a number of the
+        parameter's list (strings, NaN, booleans, BLOCK_K=3), or a constraint it fails."""
+        if not isinstance(config, dict):
+            return f"config is not a mapping: {config!r}"[:200]
+        unknown = sorted(str(k) for k in config if k not in self.params)
+        if unknown:
+            return f"unknown parameter(s) {', '.join(unknown)} for {self.family}/{self.backend}"
+        missing = [k for k in self.params if k not in config]
+        if missing:
+            return f"missing parameter(s) {', '.join(missing)}"
+        for name, value in config.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+                return f"{name}={value!r} is not a number"
+            if value not in self.params[name]:
+                return (f"{name}={value!r} is not in the {self.family}/{self.backend} space "
+                        f"({', '.join(map(str, self.params[name]))})")
+        try:
+            if not self.allows(config, shape):
+                return f"fails a constraint of the {self.family}/{self.backend} space for {shape}"
+        except TunerError as exc:
+            return str(exc)
+        return ""
+
     def configs(self, shape: dict) -> list[dict]:
         names = list(self.params)
         out = []
@@ -71,20 +103,34 @@ class SearchSpace:
         return math.prod(len(v) for v in self.params.values())
 
 
-def load_raw(family: str, directory: Path = SPACES_DIR) -> dict:
-    path = Path(directory) / f"{family}.yaml"
-    if not path.exists():
-        raise TunerError(f"no search space for family {family!r}: {path} is missing")
+def family_names() -> list[str]:
+    """The families with a search space in the installed package (one YAML file each)."""
+    root = importlib.resources.files(SPACES_PACKAGE)
+    return sorted(entry.name[:-len(".yaml")] for entry in root.iterdir()
+                  if entry.name.endswith(".yaml") and entry.is_file())
+
+
+def load_raw(family: str, directory: Path | None = None) -> dict:
+    """The parsed YAML of a family's space: from the installed `search_spaces` package, or from
+    `directory` (a folder of <family>.yaml files, for tests and experiments)."""
+    if directory is not None:
+        source = Path(directory) / f"{family}.yaml"
+    else:
+        source = importlib.resources.files(SPACES_PACKAGE) / f"{family}.yaml"
+    if not source.is_file():
+        known = ", ".join(family_names()) if directory is None else f"files in {directory}"
+        raise TunerError(f"no search space for family {family!r}: {source} is missing "
+                         f"(known: {known})")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise TunerError(f"cannot parse {path}: {exc}") from None
-    if not isinstance(data, dict) or "params" not in data:
-        raise TunerError(f"{path}: a search space needs a 'params' mapping")
+        data = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise TunerError(f"cannot parse {source}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("params"), dict):
+        raise TunerError(f"{source}: a search space needs a 'params' mapping")
     return data
 
 
-def space_for(family: str, backend: str, directory: Path = SPACES_DIR) -> SearchSpace:
+def space_for(family: str, backend: str, directory: Path | None = None) -> SearchSpace:
     """The space for a backend: 'cuda', 'hip', or 'dcu' (hip narrowed by the dcu section)."""
     if backend not in BACKENDS:
         raise TunerError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
@@ -104,3 +150,46 @@ def space_for(family: str, backend: str, directory: Path = SPACES_DIR) -> Search
         if not v:
             raise TunerError(f"search space {family}/{backend}: parameter {k} has no values")
     return SearchSpace(family, backend, params, tuple(constraints))
+
+
+# ---------------------------------------------------------------------------- shape schemas
+# The shape dict of each kernel family (docs/interfaces.md "Shape dicts and kernel families"):
+# required keys, optional keys, and the dtypes and layouts the kernels serve.
+SHAPE_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "gemv": (("m", "n", "k", "dtype"), ("bias",)),
+    "gemm": (("m", "n", "k", "dtype", "layout"), ("batch",)),
+    "attention": (("batch", "heads", "kv_heads", "kv_len", "head_dim", "dtype"), ()),
+}
+SHAPE_DTYPES = ("bfloat16", "float16")  # kernels.common.DTYPES (not imported: it pulls in torch)
+SHAPE_LAYOUTS = ("NT", "NN")
+
+
+def check_shape(family: str, shape) -> str:
+    """'' when `shape` is a well-formed shape dict of `family`, else why not (one line): unknown
+    or missing keys, sizes that are not positive integers, an unknown dtype or layout."""
+    if family not in SHAPE_KEYS:
+        return f"no shape schema for family {family!r}"
+    if not isinstance(shape, dict):
+        return f"shape is not a mapping: {shape!r}"[:200]
+    required, optional = SHAPE_KEYS[family]
+    unknown = sorted(str(k) for k in shape if k not in required + optional)
+    if unknown:
+        return f"unknown shape key(s) {', '.join(unknown)} for {family}"
+    missing = [k for k in required if k not in shape]
+    if missing:
+        return f"shape lacks {', '.join(missing)}"
+    for key, value in shape.items():
+        if key == "dtype":
+            if value not in SHAPE_DTYPES:
+                return f"dtype {value!r} is not one of {', '.join(SHAPE_DTYPES)}"
+        elif key == "layout":
+            if value not in SHAPE_LAYOUTS:
+                return f"layout {value!r} is not one of {', '.join(SHAPE_LAYOUTS)}"
+        elif key == "bias":
+            if isinstance(value, bool) or value not in (0, 1) or not isinstance(value, int):
+                return f"bias={value!r} is not 0 or 1"
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return f"{key}={value!r} is not a positive integer"
+    if family == "attention" and shape["heads"] % shape["kv_heads"]:
+        return f"heads {shape['heads']} is not a multiple of kv_heads {shape['kv_heads']}"
+    return ""
