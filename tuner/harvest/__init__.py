@@ -4,23 +4,31 @@ A trace is read once, streaming, keeping only what the table needs (config.py de
 GEMM/attention CPU ops, runtime launches, GPU activities and step annotations. Then calls are
 chosen among the nested ops and each GPU activity is given to the call that launched it
 (attribution.py), steps come from markers and get a phase (steps.py), and the calls are grouped
-by signature and phase into the ShapeTable (aggregate.py).
+by signature and phase into the ShapeTable (table.py).
 
 Modules: config (what is kept, as data), reading (files, header, the event stream), shapes
-(m/n/k from Input Dims), attribution, steps, trace (one file -> TraceData), aggregate,
-files (directories, ranks), pipeline (`harvest`), printing, live, watch.
+(m/n/k from Input Dims), attribution, steps, graphs (capture + replay join), trace (one file ->
+TraceData), table (calls -> ShapeTable rows), files (directories, ranks, capture folders),
+pipeline (`harvest`), printing, profiling (`live`), watching (`watch`).
 """
 
-from .aggregate import KEY_FIELDS, aggregate
-from .files import CAPTURE_DIR, default_output, is_trace_file, resolve_inputs, resolve_pairs, trace_rank
+from .files import (
+    CAPTURE_DIR,
+    default_output,
+    is_trace_file,
+    resolve_inputs,
+    resolve_pairs,
+    trace_rank,
+)
 from .graphs import read_captures
-from .live import live, load_callable
 from .pipeline import HarvestResult, harvest
 from .printing import format_table, report, summarize
+from .profiling import live, load_callable
 from .records import Call, Op, Step, TraceData, union_length
 from .shapes import attention_shape, gemm_shape
+from .table import KEY_FIELDS, aggregate
 from .trace import read_trace
-from .watch import watch
+from .watching import watch
 
 __all__ = [
     "harvest", "HarvestResult", "report", "summarize", "format_table",

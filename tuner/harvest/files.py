@@ -30,7 +30,8 @@ def trace_rank(path: Path) -> int | None:
 
 def is_trace_file(path: Path) -> bool:
     name = path.name.lower()
-    return path.is_file() and name.endswith(config.TRACE_SUFFIXES) and not name.endswith(".meta.json")
+    return (path.is_file() and name.endswith(config.TRACE_SUFFIXES)
+            and not name.endswith(".meta.json"))
 
 
 def resolve_inputs(paths: list, rank: int | None = None, *, every_file: bool = False) -> list[Path]:

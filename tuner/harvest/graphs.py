@@ -36,7 +36,8 @@ from .records import Call, RawTrace
 __all__ = ["CapturedLaunch", "CapturedGraph", "GraphJoin", "read_captures", "capture_windows",
            "graph_launches", "join_replay"]
 
-LAUNCH_RE = re.compile(r"LaunchKernel|LaunchCooperativeKernel|^cuLaunch|^(?:cuda|hip|cu)Mem(?:cpy|set)")
+LAUNCH_RE = re.compile(r"LaunchKernel|LaunchCooperativeKernel|^cuLaunch"
+                       r"|^(?:cuda|hip|cu)Mem(?:cpy|set)")
 GRAPH_LAUNCH_RE = re.compile(r"GraphLaunch")
 BEGIN_CAPTURE_RE = re.compile(r"BeginCapture")
 END_CAPTURE_RE = re.compile(r"EndCapture")

@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 
 from .. import shapetable
-from .aggregate import aggregate
 from .files import resolve_pairs
 from .graphs import read_captures
 from .printing import report
+from .table import aggregate
 from .trace import read_trace
 
 __all__ = ["HarvestResult", "harvest"]

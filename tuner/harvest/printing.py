@@ -24,7 +24,8 @@ def report(result, top: int = 12, stream=None) -> None:
         if not t.has_gpu:
             warn(f"{Path(t.path).name}: CPU-only trace (no GPU kernels): shapes and calls per step "
                  "are real, GPU times are unknown (us_per_call, step_gpu_us, share are NaN)")
-        elif t.gpu_total_us > 0 and t.gpu_unattributed_us / t.gpu_total_us > config.UNATTRIBUTED_WARN:
+        elif (t.gpu_total_us > 0
+              and t.gpu_unattributed_us / t.gpu_total_us > config.UNATTRIBUTED_WARN):
             hint = ("" if t.graph is not None else "; pass the trace of the graph capture with "
                     "--capture to join them, or profile eagerly (no graphs)")
             warn(f"{Path(t.path).name}: {100 * t.gpu_unattributed_us / t.gpu_total_us:.1f}% of GPU "

@@ -88,7 +88,7 @@ class RawTrace:
     device_ids: set
     launch_kernels: dict = field(default_factory=dict)   # correlation -> kernel name (ROCm)
     device_labels: list = field(default_factory=list)    # GPU process names from metadata
-    capture_labels: list = field(default_factory=list)   # (name, tid, ts, end) of *capture* annotations
+    capture_labels: list = field(default_factory=list)   # (name, tid, ts, end): *capture* labels
     dialects: list = field(default_factory=list)         # names of the dialects seen
     malformed: dict = field(default_factory=dict)        # what was wrong -> events skipped
 

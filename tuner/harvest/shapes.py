@@ -6,7 +6,8 @@ from __future__ import annotations
 from . import config
 from .records import Call, Op
 
-__all__ = ["is_attention", "gemm_shape", "attention_shape", "make_call", "complete_decode_attention"]
+__all__ = ["is_attention", "gemm_shape", "attention_shape", "make_call",
+           "complete_decode_attention"]
 
 
 def is_attention(name: str) -> bool:

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from ..errors import TunerError
 from . import config
-from .files import trace_rank
 from .attribution import attribute_activities, index_ops, select_calls
+from .files import trace_rank
 from .graphs import capture_windows, graph_launches, join_replay
-from .shapes import complete_decode_attention
 from .reading import read_events, read_header
 from .records import RawTrace, Step, TraceData
+from .shapes import complete_decode_attention
 from .steps import classify_steps, step_of, steps_from_markers, whole_trace_steps
 
 __all__ = ["read_trace"]
