@@ -26,11 +26,12 @@ import triton
 import triton.language as tl
 
 from kernels import COMMON_SOURCES, KernelFamily, format_shape_key
-from kernels.common import (DTYPES, KernelCall, interpreting, launch_options, pow2_at_least,
+from kernels.common import (DTYPES, KernelCall, launch_options, pow2_at_least,
                             row_value, tensor_backend)
 from kernels.cost import attention_cost
 
 LOG2E = 1.4426950408889634
+_TORCH_SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
 @triton.jit
@@ -254,9 +255,10 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
 
 
 def baseline(inputs: dict) -> torch.Tensor:
-    """torch's scaled_dot_product_attention (its default backend choice) with enable_gqa."""
+    """torch's scaled_dot_product_attention (its default backend choice) with enable_gqa: torch's
+    own function, as taken when this module was imported (tuner.serving may route the name)."""
     q = inputs["q"].unsqueeze(2)
-    out = torch.nn.functional.scaled_dot_product_attention(q, inputs["k"], inputs["v"], enable_gqa=True)
+    out = _TORCH_SDPA(q, inputs["k"], inputs["v"], enable_gqa=True)
     return out.squeeze(2)
 
 
@@ -311,30 +313,6 @@ def shape_from_row(row) -> dict | None:
 
 def shape_key(shape: dict) -> str:
     return format_shape_key(shape, ("batch", "heads", "kv_heads", "kv_len", "head_dim", "dtype"))
-
-
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Serving entry point: q [batch, heads, head_dim] (or [batch, heads, 1, head_dim]) over the
-    cache k / v [batch, kv_heads, kv_len, head_dim]; the config comes from tuner.runtime (exported
-    for this shape or the nearest kv_len). Returns out shaped like q. A shape with no exported
-    entry, other dtypes or a CPU tensor outside the interpreter run torch's SDPA."""
-    from tuner import runtime  # not at import: kernels must not import the pipeline
-
-    squeeze = q.dim() == 4
-    q3 = q.squeeze(2) if squeeze else q
-    name = str(q.dtype).removeprefix("torch.")
-    on_cpu = q.device.type == "cpu" and not interpreting()
-    if name not in DTYPES or on_cpu or k.stride(-1) != 1 or v.stride(-1) != 1:
-        out = baseline({"q": q3, "k": k, "v": v})
-        return out.unsqueeze(2) if squeeze else out
-    shape = {"batch": int(q3.shape[0]), "heads": int(q3.shape[1]), "kv_heads": int(k.shape[1]),
-             "kv_len": int(k.shape[2]), "head_dim": int(q3.shape[2]), "dtype": name}
-    config = runtime.lookup("attention", shape)
-    if config is None:
-        out = baseline({"q": q3, "k": k, "v": v})
-        return out.unsqueeze(2) if squeeze else out
-    out = launch({"q": q3, "k": k, "v": v}, config)
-    return out.unsqueeze(2) if squeeze else out
 
 
 FAMILY = KernelFamily(

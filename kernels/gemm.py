@@ -18,8 +18,8 @@ on cuda also TMA (read A and B through tensor descriptors, `gemm_tma_kernel`). R
 are handled with masks (or by the descriptors' zero fill).
 
 Also here: `launch_plan` (the kernel calls of a config, also on meta tensors, which is how
-kernels.common compiles a config for a GPU target on a CPU host) and the serving entry point
-`linear`. See docs/kernels.md.
+kernels.common compiles a config for a GPU target on a CPU host). Serving code reaches the
+kernels through tuner.serving. See docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kernels import COMMON_SOURCES, KernelFamily, format_shape_key
-from kernels.common import (DTYPES, KernelCall, interpreting, launch_options, pow2_at_least,
+from kernels.common import (DTYPES, KernelCall, launch_options, pow2_at_least,
                             row_value, tensor_backend)
 from kernels.cost import gemm_cost
 
@@ -370,34 +370,6 @@ def shape_from_row(row) -> dict | None:
 
 def shape_key(shape: dict) -> str:
     return format_shape_key(shape, ("batch", "m", "n", "k", "dtype", "layout"))
-
-
-# ----------------------------------------------------------------------------------------------
-# Serving entry point
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Drop-in for torch.nn.functional.linear on prefill-sized inputs: x[..., k] with more than 8
-    rows runs the tiled GEMM (layout NT) with the exported config from tuner.runtime (exact or
-    nearest m); a shape with no exported entry, fewer rows (kernels.gemv's territory), other
-    dtypes or a CPU tensor outside the interpreter run torch's linear."""
-    k = x.shape[-1]
-    rows = x.numel() // k if k else 0
-    from tuner import runtime  # not at import: kernels must not import the pipeline
-
-    name = str(x.dtype).removeprefix("torch.")
-    on_cpu = x.device.type == "cpu" and not interpreting()
-    if rows <= 8 or weight.dim() != 2 or weight.dtype != x.dtype or name not in DTYPES or on_cpu:
-        return torch.nn.functional.linear(x, weight, bias)
-    shape = {"m": rows, "n": int(weight.shape[0]), "k": int(k), "dtype": name, "layout": "NT"}
-    config = runtime.lookup("gemm", shape)
-    if config is None:
-        return torch.nn.functional.linear(x, weight, bias)
-    a = x.reshape(rows, k)
-    out = launch({"a": a if a.stride(-1) == 1 else a.contiguous(), "b": weight.t()}, config)
-    if bias is not None:
-        out += bias
-    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 FAMILY = KernelFamily(

@@ -437,29 +437,6 @@ def shape_key(shape: dict) -> str:
                             ("m", "n", "k", "dtype", "bias"))
 
 
-# ------------------------------------------------------------------------ serving entry point
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Drop-in for torch.nn.functional.linear on decode batches: x[..., k] with at most 8 rows
-    runs the GEMV with the exported config from tuner.runtime (exact shape or nearest m); a
-    shape with no exported entry, and anything else, runs torch's linear."""
-    from tuner import runtime  # not at import: kernels must not import the pipeline
-
-    k = x.shape[-1]
-    rows = x.numel() // k if k else 0
-    if (not 1 <= rows <= MAX_M or weight.dim() != 2 or weight.dtype != x.dtype
-            or x.dtype not in DTYPES.values() or x.device.type == "cpu" and not interpreting()):
-        return torch.nn.functional.linear(x, weight, bias)
-    shape = {"m": rows, "n": int(weight.shape[0]), "k": int(k),
-             "dtype": str(x.dtype).removeprefix("torch.")}
-    if bias is not None:
-        shape["bias"] = 1
-    config = runtime.lookup("gemv", shape)
-    if config is None or bias is not None and bias.dtype != x.dtype:
-        return torch.nn.functional.linear(x, weight, bias)
-    out = gemv(x.reshape(rows, k), weight, config, bias=bias)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
-
-
 FAMILY = KernelFamily(
     name="gemv",
     make_inputs=make_inputs,

@@ -128,14 +128,6 @@ def test_parity_checker_on_attention():
     assert again.facts(split).passes("kernel")  # a config reproduces its own bytes
 
 
-def test_decode_attention_entry_point(gqa_inputs):
-    inputs, ref = gqa_inputs
-    out = attention.decode_attention(inputs["q"], inputs["k"], inputs["v"])
-    assert out.shape == inputs["q"].shape and rel_err(out, ref) < TOLERANCE["bfloat16"]
-    out4 = attention.decode_attention(inputs["q"].unsqueeze(2), inputs["k"], inputs["v"])
-    assert out4.shape == (2, 8, 1, 64) and torch.equal(out4.squeeze(2), out)
-
-
 def test_real_decode_rows_group_of_seven():
     # The bundled Qwen2.5-0.5B trace: 14 query heads on 2 KV heads (group 7), kv_len 129..134.
     from pathlib import Path

@@ -16,6 +16,7 @@ from kernels import get_family  # noqa: E402
 from tuner import export, rank, runtime  # noqa: E402
 from tuner.cli import main  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
+from tuner.parity import ParityFacts  # noqa: E402
 
 GEMV = get_family("gemv")
 IDENTITY = {"key": "nvidia-h200", "name": "NVIDIA H200", "arch": "sm90", "backend": "cuda",
@@ -29,7 +30,12 @@ def tuned(shape: dict, rows: int) -> dict:
     return config
 
 
-def verdicts(entries, identity=IDENTITY, kernel_hash=None, mode="exact"):
+# recorded parity facts of a candidate in the default config's class, as accurate as torch
+RECORDED_FACTS = ParityFacts(False, True, "a1b2c3d4e5f60718", "a1b2c3d4e5f60718", 1.6e-3, 1.5e-3,
+                             1.07, 0, 3)
+
+
+def verdicts(entries, identity=IDENTITY, kernel_hash=None, mode="accuracy"):
     """A verdict table with one accepted row per (m, n, k, rows, saving per call)."""
     studies = []
     for m, n, k, rows, saving in entries:
@@ -40,11 +46,11 @@ def verdicts(entries, identity=IDENTITY, kernel_hash=None, mode="exact"):
                            step_us=STEP_US, phase="decode")
         c = rank.Candidate(config=tuned(shape, rows), search_us=4.0, trial=1)
         base = 4.0 + saving
-        m_ = rank.Measured(config=c.config, parity=rank.Parity(True, mode, 0.0),
+        m_ = rank.Measured(config=c.config, parity=RECORDED_FACTS,
                            vs_baseline=rank.Pair(base, 4.0, base / 4.0, base / 4.0 - 0.02,
                                                  base / 4.0 + 0.02, 0.6))
         studies.append((s, [(c, m_)]))
-    table = rank.decide(studies, threshold="1us")
+    table = rank.decide(studies, threshold="1us", gate=mode)
     assert (table["decision"] == "accept").all()
     table["device_name"] = identity["name"]
     table["arch"] = identity["arch"]
@@ -80,7 +86,7 @@ def test_export_files_and_manifest(loader):
     assert doc["versions"] == {"torch": "2.11.0+cu130", "triton": "3.6.0"}
     assert doc["kernel_hash"] == GEMV.source_hash()
     assert doc["compile_options"] == {"enable_fp_fusion": True}
-    assert doc["parity_mode"] == "exact"
+    assert doc["parity_mode"] == "accuracy"
     entry = doc["configs"]["m=4,n=4864,k=896,dtype=bfloat16"]
     assert entry["config"]["ROWS_PER_BLOCK"] == 8
     assert entry["measured"]["saving_us_per_token"] == pytest.approx(0.8 * 48)
@@ -252,10 +258,10 @@ def test_export_cli_from_verdict_files(tmp_path, capsys):
 
 
 def test_linear_uses_the_export_under_the_interpreter(loader):
-    """kernels.gemv.linear asks the loader; the exported entry is hit and the output is right."""
+    """tuner.serving.linear asks the loader; the exported entry is hit and the output is right."""
     import torch
 
-    from kernels import gemv
+    from tuner import serving
 
     shape = {"m": 2, "n": 40, "k": 64, "dtype": "bfloat16"}
     config = {"ROWS_PER_BLOCK": 4, "BLOCK_K": 32, "SPLIT_K": 2, "num_warps": 1, "num_stages": 1}
@@ -263,7 +269,7 @@ def test_linear_uses_the_export_under_the_interpreter(loader):
     table["config"] = json.dumps(config, sort_keys=True, separators=(",", ":"))
     export.export(table, out_root=loader)
     inputs = GEMV.make_inputs(shape, "cpu", seed=3)
-    out = gemv.linear(inputs["x"], inputs["weight"])
+    out = serving.linear(inputs["x"], inputs["weight"])
     ref = GEMV.reference(inputs)
     assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2)
     assert runtime.hit_counts() == {"gemv": {"m=2,n=40,k=64,dtype=bfloat16": 1}}
@@ -285,17 +291,18 @@ def test_lookup_misses_are_none_so_serving_runs_the_baseline(loader):
 def test_serving_entry_points_run_torch_on_a_miss(loader):
     import torch
 
-    from kernels import attention, gemm
+    from kernels import attention
+    from tuner import serving
 
     export.export(verdicts(ENTRIES), out_root=loader)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(17, 40, generator=g).to(torch.bfloat16)
     w = torch.randn(33, 40, generator=g).to(torch.bfloat16)
-    assert torch.equal(gemm.linear(x, w), torch.nn.functional.linear(x, w))
+    assert torch.equal(serving.linear(x, w), torch.nn.functional.linear(x, w))
     q = torch.randn(2, 8, 64, generator=g).to(torch.bfloat16)
     k = torch.randn(2, 2, 70, 64, generator=g).to(torch.bfloat16)
     v = torch.randn(2, 2, 70, 64, generator=g).to(torch.bfloat16)
-    assert torch.equal(attention.decode_attention(q, k, v), attention.baseline({"q": q, "k": k, "v": v}))
+    assert torch.equal(serving.decode_attention(q, k, v), attention.baseline({"q": q, "k": k, "v": v}))
     misses = runtime.miss_counts()
     assert misses["gemm"] == {"m=17,n=33,k=40,dtype=bfloat16,layout=NT": 1}
     assert len(misses["attention"]) == 1

@@ -169,18 +169,6 @@ def test_parity_checker_on_gemm():
     assert again.facts(split).passes("kernel")
 
 
-def test_linear_entry_point_matches_torch():
-    weight = gemm.make_inputs({"m": 1, "n": 24, "k": 40, "dtype": "bfloat16", "layout": "NT"}, "cpu", 9)["b"].t()
-    x = torch.randn(2, 9, 40, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
-    bias = torch.randn(24).to(torch.bfloat16)
-    out = gemm.linear(x, weight, bias)  # 18 rows: the tiled GEMM
-    assert out.shape == (2, 9, 24)
-    ref = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
-    assert rel_err(out, ref) < TOLERANCE["bfloat16"]
-    small = gemm.linear(x[:, :2], weight)  # 4 rows: torch (gemv's territory)
-    assert torch.equal(small, torch.nn.functional.linear(x[:, :2], weight))
-
-
 def test_real_prefill_rows_from_the_bundled_table():
     # The bundled Qwen2.5-0.5B trace: prefill linears (m = 512) are gemm's; decode ones (m = 4) gemv's.
     from pathlib import Path

@@ -35,7 +35,11 @@ VLLM_FAMILIES = ("gemv", "gemm")
 MEASURED_FIELDS = ("baseline_us", "candidate_us", "default_us", "speedup", "speedup_low",
                    "speedup_high", "speedup_vs_default", "noise_pct", "saving_us_per_call",
                    "calls_per_step", "hit_rate", "saving_us_per_token", "share_of_step",
-                   "step_us", "parity_mode", "parity_error", "search_us", "measured_at", "study")
+                   "step_us", "parity_mode", "parity_error", "search_us", "measured_at", "study",
+                   # the three parity facts of the entry (tuner.parity), whatever gate passed it
+                   "parity_margin", "bitwise_vs_baseline", "bitwise_vs_default", "parity_class",
+                   "default_class", "error_vs_reference", "baseline_error_vs_reference",
+                   "error_ratio", "parity_seeds")
 
 
 # ----------------------------------------------------------------------------------- atomic I/O
@@ -136,7 +140,9 @@ def family_document(rows: pd.DataFrame, family: str, device_key: str, *,
                      "triton": str(_one(rows, "triton", what))},
         "kernel_hash": kernel_hash,
         "compile_options": {"enable_fp_fusion": bool(_one(rows, "fp_fusion", what))},
-        "parity_mode": modes[0] if len(modes) == 1 else "tolerance",
+        # the file's claim is its weakest entry's gate (baseline > kernel > accuracy)
+        "parity_mode": max(modes, key=lambda m: ("baseline", "kernel", "accuracy").index(m)
+                           if m in ("baseline", "kernel", "accuracy") else 3),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "configs": dict(sorted(configs.items())),
     }

@@ -1,0 +1,319 @@
+"""Serving: put the exported kernels into any torch model, as torch custom ops.
+
+    handle = tuner.serving.install(model)          # artifacts/export/<this device>/ by default
+    handle.warmup(lambda: model(**decode_inputs))  # compile every kernel before any capture
+    ... capture / replay / torch.compile the model as usual ...
+    handle.hits(), handle.misses()                 # per shape: which calls the tuned path served
+    handle.uninstall()                             # the model is exactly as it was
+
+The kernels run behind two custom ops in the ``tuner`` namespace, registered with
+torch.library when this module is imported (with fake implementations, so a model compiles with
+``torch.compile(fullgraph=True)`` without graph breaks and captures as a CUDA/HIP graph):
+
+- ``torch.ops.tuner.linear(x, weight, bias)``: x[..., k] with at most 8 rows runs the gemv
+  family, more rows the gemm family (layout NT), with the exported config of that shape (exact,
+  else nearest m: tuner.runtime);
+- ``torch.ops.tuner.decode_attention(q, k, v)``: one query token per sequence over a KV cache
+  (GQA), with the attention family's exported config (exact, else nearest kv_len).
+
+A shape without an exported entry runs the baseline path (torch's linear / SDPA): only a
+measured, ranked and exported config is trusted to beat what serving runs today. The serving path
+never raises into the caller: a kernel that fails runs the baseline instead, with one logged
+warning (logger "tuner.serving"), and that shape stays on the baseline. Nothing compiles inside a
+capture: a kernel first met while a CUDA graph is being captured (not warmed up) runs the baseline
+path for that capture, with one warning. The config lookup is a cached Python-side decision; in a
+graph replay no Python runs, so hit counts count eager calls and captures.
+
+`install` routes every nn.Linear through ``tuner.linear`` by giving the module an instance
+``forward`` (uninstall deletes it: the class's forward is back, no parameter was touched). With
+"attention" in `families` it also routes ``torch.nn.functional.scaled_dot_product_attention``
+(looked up by name at each call, as transformers' SDPA attention does) while installed: calls
+with one query token, no attention mask and a GQA/MHA layout go to ``tuner.decode_attention``,
+every other call to torch's own SDPA. A decode step over a static KV cache passes a mask (the
+unfilled cache positions), so such calls stay on torch's SDPA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import runtime
+
+__all__ = ["Installed", "decode_attention", "install", "installed", "linear"]
+
+log = logging.getLogger("tuner.serving")
+
+GEMV_MAX_ROWS = 8  # kernels.gemv serves m <= 8; more rows are gemm's
+DTYPES = (torch.bfloat16, torch.float16)
+FAMILIES = ("gemv", "gemm", "attention")
+
+_SDPA = F.scaled_dot_product_attention  # torch's own, whatever install does to the name
+_warmed: set[tuple] = set()  # (family, shape items, config items) compiled outside any capture
+_failed: set[tuple] = set()  # (family, shape items): a kernel failed; the baseline serves it
+_warned: set[tuple] = set()
+_enabled: set[str] = set(FAMILIES)  # families the installed handle routes
+
+
+def _warn_once(key: tuple, message: str, *args) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message, *args)
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _runs_kernels(t: torch.Tensor) -> bool:
+    """Triton runs on GPU tensors, and on CPU tensors under the interpreter (tests)."""
+    return t.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _tuned(family: str, shape: dict, launch, baseline):
+    """Run `launch(config)` with the exported config of `shape`, else `baseline()`; never raise
+    (a failing kernel runs the baseline, warns once, and its shape stays on the baseline)."""
+    if family not in _enabled:
+        return baseline()
+    shape_items = tuple(shape.items())
+    if (family, shape_items) in _failed:
+        return baseline()
+    try:
+        config = runtime.lookup(family, shape)
+    except Exception as exc:  # noqa: BLE001 - the loader must never take serving down
+        _warn_once(("lookup", family), "%s: config lookup failed (%s); the baseline path runs",
+                   family, exc)
+        return baseline()
+    if config is None:
+        return baseline()
+    key = (family, shape_items, tuple(sorted(config.items())))
+    if key not in _warmed and _capturing():
+        _warn_once(("capture",) + key, "%s %s: kernel not warmed up before this CUDA-graph "
+                   "capture; the capture records the baseline path (call warmup first)",
+                   family, shape)
+        return baseline()
+    try:
+        out = launch(config)
+    except Exception as exc:  # noqa: BLE001 - a kernel failure must not reach the caller
+        _failed.add((family, shape_items))
+        _warn_once(("launch",) + key, "%s %s with %s failed (%s: %s); the baseline path runs "
+                   "for this shape from now on", family, shape, config, type(exc).__name__, exc)
+        return baseline()
+    if not _capturing():
+        _warmed.add(key)
+    return out
+
+
+# ------------------------------------------------------------------------------ entry points
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Drop-in for torch.nn.functional.linear: the tuned gemv (<= 8 rows) or gemm (more rows)
+    where an exported config exists for the shape, torch's linear everywhere else."""
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    if (rows < 1 or weight.dim() != 2 or weight.dtype != x.dtype or x.dtype not in DTYPES
+            or (bias is not None and bias.dtype != x.dtype) or not _runs_kernels(x)):
+        return F.linear(x, weight, bias)
+    n = int(weight.shape[0])
+    dtype = str(x.dtype).removeprefix("torch.")
+
+    def baseline():
+        return F.linear(x, weight, bias)
+
+    x2 = x.reshape(rows, k)
+    if rows <= GEMV_MAX_ROWS:
+        from kernels import gemv
+
+        shape = {"m": rows, "n": n, "k": int(k), "dtype": dtype}
+        if bias is not None:
+            shape["bias"] = 1
+        out = _tuned("gemv", shape, lambda config: gemv.gemv(x2, weight, config, bias=bias),
+                     baseline)
+    else:
+        from kernels import gemm
+
+        shape = {"m": rows, "n": n, "k": int(k), "dtype": dtype, "layout": "NT"}
+
+        def launch(config):
+            a = x2 if x2.stride(-1) == 1 else x2.contiguous()
+            result = gemm.launch({"a": a, "b": weight.t()}, config)
+            if bias is not None:
+                result += bias
+            return result
+
+        out = _tuned("gemm", shape, launch, baseline)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One query token per sequence: q [batch, heads, head_dim] (or [batch, heads, 1, head_dim])
+    over k / v [batch, kv_heads, kv_len, head_dim]; returns out shaped like q. The tuned kernel
+    where an exported config exists (exact, else nearest kv_len), torch's SDPA elsewhere."""
+    from kernels import attention
+
+    squeeze = q.dim() == 4
+    q3 = q.squeeze(2) if squeeze else q
+
+    def baseline():
+        return attention.baseline({"q": q3, "k": k, "v": v})
+
+    if (q.dtype not in DTYPES or not _runs_kernels(q) or k.stride(-1) != 1 or v.stride(-1) != 1
+            or q3.dim() != 3 or k.dim() != 4 or q3.shape[1] % k.shape[1]):
+        out = baseline()
+    else:
+        shape = {"batch": int(q3.shape[0]), "heads": int(q3.shape[1]), "kv_heads": int(k.shape[1]),
+                 "kv_len": int(k.shape[2]), "head_dim": int(q3.shape[2]),
+                 "dtype": str(q.dtype).removeprefix("torch.")}
+        out = _tuned("attention", shape,
+                     lambda config: attention.launch({"q": q3, "k": k, "v": v}, config), baseline)
+    return out.unsqueeze(2) if squeeze else out
+
+
+# ------------------------------------------------------------------------------- custom ops
+@torch.library.custom_op("tuner::linear", mutates_args=())
+def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out = linear(x, weight, bias)
+    return out.clone() if out is x else out  # a custom op's output may not alias its inputs
+
+
+@_linear_op.register_fake
+def _(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("tuner::decode_attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return decode_attention(q, k, v)
+
+
+@_attention_op.register_fake
+def _(q, k, v):
+    return torch.empty_like(q)
+
+
+def _linear_forward(self, x):
+    return torch.ops.tuner.linear(x, self.weight, self.bias)
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False, **kwargs):
+    """SDPA as installed: a decode call (one query token, no mask, no dropout, default scale)
+    goes to tuner.decode_attention; every other call to torch's own SDPA, unchanged."""
+    decode = (attn_mask is None and dropout_p == 0.0 and scale is None and not kwargs
+              and query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
+              and key.shape[1] > 0 and query.shape[1] % key.shape[1] == 0
+              and (enable_gqa or key.shape[1] == query.shape[1]))
+    if decode:
+        return torch.ops.tuner.decode_attention(query, key, value)
+    return _SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                 scale=scale, enable_gqa=enable_gqa, **kwargs)
+
+
+# -------------------------------------------------------------------------------- install
+@dataclass
+class Installed:
+    """What `install` did, and how to undo it."""
+
+    model: torch.nn.Module
+    families: tuple[str, ...]
+    export_dir: Path | None
+    linears: list[torch.nn.Module] = field(default_factory=list)
+    sdpa: bool = False
+    _old_env: str | None = None
+    active: bool = True
+
+    def status(self) -> dict[str, str]:
+        """{family: 'loaded: N entries from ...' / 'missing: ...' / 'refused: ...'}."""
+        for family in self.families:
+            runtime.resolve(family, {})  # load (and report) each family's export once
+        return {f: s for f, s in runtime.status().items() if f in self.families}
+
+    def hits(self) -> dict[str, dict[str, int]]:
+        """{family: {exported shape key: calls served by that entry}} since install."""
+        return {f: c for f, c in runtime.hit_counts().items() if f in self.families}
+
+    def misses(self) -> dict[str, dict[str, int]]:
+        """{family: {shape: calls with no exported entry (the baseline ran)}} since install."""
+        return {f: c for f, c in runtime.miss_counts().items() if f in self.families}
+
+    def warmup(self, step=None, *, rows: tuple[int, ...] = ()) -> None:
+        """Compile every kernel before any capture: run `step()` (e.g. one decode step) eagerly,
+        and/or every installed linear on `rows` random rows. Call it again after a new shape."""
+        with torch.no_grad():
+            if step is not None:
+                step()
+            for module in self.linears:
+                for m in rows:
+                    x = torch.randn(m, module.in_features, device=module.weight.device,
+                                    dtype=module.weight.dtype)
+                    torch.ops.tuner.linear(x, module.weight, module.bias)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def uninstall(self) -> None:
+        """Restore the model exactly (and SDPA, and the export directory)."""
+        if not self.active:
+            return
+        for module in self.linears:
+            if "forward" in module.__dict__:
+                del module.__dict__["forward"]
+        if self.sdpa:
+            F.scaled_dot_product_attention = _SDPA
+        if self.export_dir is not None:
+            if self._old_env is None:
+                os.environ.pop("TUNER_EXPORT_DIR", None)
+            else:
+                os.environ["TUNER_EXPORT_DIR"] = self._old_env
+            runtime.reset()
+        _enabled.clear()
+        _enabled.update(FAMILIES)
+        self.active = False
+
+
+def install(model: torch.nn.Module, export_dir: str | Path | None = None,
+            families: tuple[str, ...] = FAMILIES) -> Installed:
+    """Route `model`'s nn.Linear modules (and decode SDPA, with "attention" in `families`) through
+    the exported configs; returns the handle. `export_dir`: a folder holding <family>.json and
+    manifest.json (default: $TUNER_EXPORT_DIR, else artifacts/export/<this device>/)."""
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        from .errors import TunerError
+
+        raise TunerError(f"unknown families {unknown}: serving knows {', '.join(FAMILIES)}")
+    handle = Installed(model, tuple(families), Path(export_dir) if export_dir else None)
+    if export_dir is not None:
+        handle._old_env = os.environ.get("TUNER_EXPORT_DIR")
+        os.environ["TUNER_EXPORT_DIR"] = str(export_dir)
+        runtime.reset()
+    else:
+        runtime.reset(counts_only=True)
+    _enabled.clear()
+    _enabled.update(families)
+    if "gemv" in families or "gemm" in families:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and "forward" not in module.__dict__:
+                module.forward = types.MethodType(_linear_forward, module)
+                handle.linears.append(module)
+    if "attention" in families:
+        import kernels.attention  # noqa: F401 - it keeps torch's own SDPA before the name moves
+
+        F.scaled_dot_product_attention = _sdpa
+        handle.sdpa = True
+    return handle
+
+
+@contextlib.contextmanager
+def installed(model: torch.nn.Module, export_dir: str | Path | None = None,
+              families: tuple[str, ...] = FAMILIES):
+    """`with installed(model): ...` installs for the block and uninstalls after it."""
+    handle = install(model, export_dir, families)
+    try:
+        yield handle
+    finally:
+        handle.uninstall()
