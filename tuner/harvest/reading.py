@@ -165,7 +165,8 @@ def _read_error(path: Path, exc: BaseException) -> TunerError:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    arg = exc.args[0] if exc.args else ""
+    text = (arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(exc)).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 
@@ -287,12 +288,20 @@ class _Sink:
         self.capture_labels: list = []    # annotations naming a graph capture
         self.dialects: set = set()
         self.malformed: dict = {}         # what was wrong -> how many events
+        self.repeated_launches = 0        # runtime events recorded twice (same id, thread, time)
 
     def bad(self, what: str) -> None:
         self.malformed[what] = self.malformed.get(what, 0) + 1
 
     def raw(self) -> RawTrace:
         backend = "hip" if self.hip else ("cuda" if self.activities else "cpu")
+        if self.repeated_launches:
+            # events recorded twice (traces concatenated, a merge gone wrong): a GPU activity
+            # counts once; ops need nothing, a copy nests inside its original and is one call
+            unique = sorted(set(self.activities), key=lambda a: a[0])
+            self.malformed["events recorded twice (dropped)"] = (
+                self.repeated_launches + len(self.activities) - len(unique))
+            self.activities = unique
         return RawTrace(self.ops, self.runtimes, self.activities, self.annotations, self.cpu_ext,
                         self.n_cpu, self.n_dims, self.n_nodims, self.first_ts, self.last_ts,
                         backend, self.device_ids, launch_kernels=self.launch_kernels,
@@ -402,7 +411,11 @@ def _keep_runtime(e: dict, dialect: config.Dialect, s: _Sink) -> None:
             s.bad("ts missing or not a number")
             return
         api = s.names.setdefault(name, name)
-        s.runtimes[corr] = (_tid(e.get("tid")), ts, _id(_arg(args, dialect.ext_keys)), api)
+        tid = _tid(e.get("tid"))
+        before = s.runtimes.get(corr)
+        if before is not None and before[1] == ts and before[0] == tid:
+            s.repeated_launches += 1
+        s.runtimes[corr] = (tid, ts, _id(_arg(args, dialect.ext_keys)), api)
         kernel = args.get("kernel")
         if type(kernel) is str:
             s.launch_kernels[corr] = s.names.setdefault(kernel, kernel)

@@ -1,0 +1,352 @@
+"""Fuzzing tuner harvest with malformed traces made from real ones.
+
+Bases: the real MI250 (ROCm) and vLLM replay traces in ../shared/traces, a slice of the bundled
+H200 example (shapes/examples) and the CPU tiny-decoder fixture. From them: truncations of the
+gzip and of the JSON at many offsets, byte flips, wrong top-level types, events with missing or
+wrongly typed ph/ts/dur/args/tid/name/correlation, negative, infinite or NaN durations, broken
+dims, duplicate External ids and events, deep nesting. Each case must end with exit 0, a sane
+table (no negative or NaN times, sizes or counts; no op counted twice) and a warning where the
+damage is visible, or exit 2 and exactly one `tuner: error:` line; never a traceback. Cases run
+in-process through tuner.cli.main. The test prints how many cases ended which way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gzip
+import io
+import json
+import math
+import os
+import random
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner import shapetable
+from tuner.cli import main
+from tuner.harvest import config
+from tuner.harvest.shapes import is_attention
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "shapes" / "examples" / "qwen25_05b_b4_decode.pt.trace.json.gz"
+CPU_TRACE = ROOT / "tests" / "fixtures" / "traces" / "cpu_tiny_decoder.pt.trace.json.gz"
+KEPT = {"cpu_op", "kernel", "cuda_runtime", "gpu_memset", "gpu_memcpy", "user_annotation"}
+
+
+def _example_slice() -> dict:
+    """The first eighth of the bundled example's third step (3 decode layers), with the GPU
+    activities its launches made."""
+    trace = json.loads(gzip.open(EXAMPLE).read())
+    events = trace["traceEvents"]
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                   if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep"))
+    start, end = steps[2]
+    end = start + (end - start) / 8
+    cpu = [e for e in events if e.get("ph") == "X" and e.get("cat") != "kernel"
+           and e.get("cat") not in ("gpu_memset", "gpu_memcpy") and start <= e["ts"] <= end]
+    corrs = {e["args"].get("correlation") for e in cpu if e.get("cat") == "cuda_runtime"}
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")
+           and e["args"].get("correlation") in corrs]
+    marker = dict(next(e for e in events if e.get("name") == "ProfilerStep#3"), dur=end - start)
+    meta = [e for e in events if e.get("ph") == "M"]
+    kept = [e for e in cpu if e.get("name") != "ProfilerStep#3"]
+    return dict(trace, traceEvents=meta + [marker] + kept + gpu)
+
+
+@pytest.fixture(scope="module")
+def bases(shared_traces) -> dict:
+    def load(p):
+        return json.loads(gzip.open(p).read())
+
+    return {
+        "mi250": load(shared_traces / "hta_mi250_rocm62_train.json.gz"),
+        "vllm_replay": load(shared_traces /
+                            "tracelens_mi300x_vllm_gptoss20b_decode_bs32_full_replay.json.gz"),
+        "h200_slice": _example_slice(),
+        "cpu_tiny": load(CPU_TRACE),
+    }
+
+
+# ------------------------------------------------------------------------------------ mutations
+def _events(trace: dict) -> list:
+    return trace["traceEvents"]
+
+
+def _mutate_events(trace: dict, rng: random.Random, pick, change) -> dict:
+    """A copy of `trace` where `change(event)` is applied to 30% of the events `pick` selects
+    (at least one)."""
+    out = copy.deepcopy(trace)
+    chosen = [e for e in _events(out) if isinstance(e, dict) and pick(e)]
+    assert chosen, "nothing to mutate"
+    for e in rng.sample(chosen, max(1, int(0.3 * len(chosen)))):
+        change(e)
+    return out
+
+
+def _is_op(e):
+    return e.get("cat") == "cpu_op" and (e.get("name") in config.GEMM_OPS
+                                         or is_attention(e.get("name", "")))
+
+
+def _is_kept(e):
+    return e.get("cat") in KEPT
+
+
+def _gpu(e):
+    return e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")
+
+
+def _set(key, value):
+    def change(e):
+        e[key] = copy.deepcopy(value)
+    return change
+
+
+def _drop(key):
+    def change(e):
+        e.pop(key, None)
+    return change
+
+
+def _set_arg(key, value):
+    def change(e):
+        if isinstance(e.get("args"), dict):
+            e["args"][key] = copy.deepcopy(value)
+    return change
+
+
+def _dims(value_of):
+    def change(e):
+        dims = e.get("args", {}).get("Input Dims")
+        if isinstance(dims, list) and dims and isinstance(dims[0], list) and dims[0]:
+            dims[0][0] = value_of(dims[0][0])
+    return change
+
+
+EVENT_MUTATIONS = {
+    # name: (pick, change); each is a visible damage: the run must warn or fail
+    "ph missing": (_is_kept, _drop("ph")),
+    "ph a number": (_is_kept, _set("ph", 88)),
+    "ts missing": (_is_kept, _drop("ts")),
+    "ts a string": (_is_kept, _set("ts", "soon")),
+    "ts a list": (_is_kept, _set("ts", [1, 2])),
+    "dur missing on kernels": (_gpu, _drop("dur")),
+    "dur a string": (_is_kept, _set("dur", "3us")),
+    "dur negative": (_is_kept, _set("dur", -5.0)),
+    "dur infinite": (_is_kept, _set("dur", 1e400)),
+    "dur enormous": (_is_kept, _set("dur", 1e300)),
+    "args a list": (_is_kept, _set("args", [1, 2, 3])),
+    "args a string": (_is_kept, _set("args", "none")),
+    "name a number": (_is_kept, _set("name", 12)),
+    "name a dict": (_is_kept, _set("name", {"a": 1})),
+    "tid a list": (_is_kept, _set("tid", [1])),
+    "tid a dict": (_is_kept, _set("tid", {"t": 1})),
+    "correlation a list": (lambda e: e.get("cat") in ("kernel", "cuda_runtime"),
+                           _set_arg("correlation", [7])),
+    "correlation a dict": (lambda e: e.get("cat") in ("kernel", "cuda_runtime"),
+                           _set_arg("correlation", {"c": 7})),
+    "External id a list": (_is_kept, _set_arg("External id", [1])),
+    "Input Dims a string": (_is_op, _set_arg("Input Dims", "[[4, 4]]")),
+    "Input Dims negative": (_is_op, _dims(lambda d: -abs(d) - 1)),
+    "Input Dims non-integer": (_is_op, _dims(lambda d: d + 0.5)),
+    "Input Dims a string size": (_is_op, _dims(lambda d: "big")),
+    "Input Dims huge": (_is_op, _dims(lambda d: 10 ** 30)),
+    "Input Dims a bool": (_is_op, _dims(lambda d: True)),
+    "Input type a list": (_is_op, _set_arg("Input type", [["c10::BFloat16"]])),
+    "Input Strides strings": (_is_op, _set_arg("Input Strides", [["a", "b"], ["c"]])),
+    "event a number": (_is_kept, None),
+}
+
+
+def _replace_with_number(trace: dict, rng: random.Random) -> dict:
+    out = copy.deepcopy(trace)
+    events = _events(out)
+    for i in rng.sample(range(len(events)), max(1, len(events) // 5)):
+        events[i] = 42
+    return out
+
+
+def _duplicate_ext(trace: dict, rng: random.Random) -> dict:
+    out = copy.deepcopy(trace)
+    for e in _events(out):
+        if isinstance(e, dict) and _is_op(e) and isinstance(e.get("args"), dict):
+            e["args"]["External id"] = 7
+    return out
+
+
+def _nan_text(trace: dict, rng: random.Random) -> bytes:
+    out = copy.deepcopy(trace)
+    for e in _events(out):
+        if isinstance(e, dict) and _gpu(e):
+            e["dur"] = math.nan
+            break
+    return json.dumps(out).encode()         # json writes NaN, which is no JSON
+
+
+def _deep_args(depth: int):
+    def make(trace: dict, rng: random.Random) -> bytes:
+        text = json.dumps(trace)
+        i = text.index('"args": {') + len('"args": {')
+        return (text[:i] + '"deep": ' + "[" * depth + "]" * depth + ", " + text[i:]).encode()
+    return make
+
+
+def cases(bases: dict) -> list:
+    """[(name, bytes, must_warn, base name)]."""
+    rng = random.Random(20260101)
+    out = []
+    for name, trace in bases.items():
+        text = json.dumps(trace).encode()
+        packed = gzip.compress(text)
+        for frac in (0.02, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99):
+            cut = max(20, int(len(packed) * frac))
+            out.append((f"{name}: gzip cut at {cut}", packed[:cut], False, name))
+            out.append((f"{name}: JSON cut at {int(len(text) * frac)}",
+                        text[:int(len(text) * frac)], False, name))
+        for _ in range(6):
+            flipped = bytearray(text)
+            for _ in range(rng.randint(1, 4)):
+                flipped[rng.randrange(len(flipped))] = rng.randrange(256)
+            out.append((f"{name}: byte flips", bytes(flipped), False, name))
+        flipped = bytearray(packed)
+        flipped[len(flipped) // 2] ^= 0xFF
+        out.append((f"{name}: gzip byte flip", bytes(flipped), False, name))
+        for what, (pick, change) in EVENT_MUTATIONS.items():
+            if change is None:
+                mutated = _replace_with_number(trace, rng)
+            else:
+                try:
+                    mutated = _mutate_events(trace, rng, pick, change)
+                except AssertionError:
+                    continue     # e.g. a CPU-only trace has no kernels to break
+            out.append((f"{name}: {what}", json.dumps(mutated).encode(), True, name))
+        out.append((f"{name}: External ids all 7", json.dumps(_duplicate_ext(trace, rng)).encode(),
+                    False, name))
+        doubled = dict(trace, traceEvents=_events(trace) + _events(trace))
+        out.append((f"{name}: every event twice", json.dumps(doubled).encode(), False, name))
+        out.append((f"{name}: NaN duration", _nan_text(trace, rng), False, name))
+        out.append((f"{name}: 5000-deep args", _deep_args(5000)(trace, rng), False, name))
+    for top in ("[]", "{}", '"trace"', "1", "null", "true", '{"traceEvents": 5}',
+                '{"traceEvents": {}}', '{"traceEvents": [1, 2, "x"]}', '{"traceEvents": null}',
+                "[" * 2000 + "]" * 2000, '{"traceEvents": [' + "{" * 3 + "}" * 3 + "]}"):
+        out.append((f"top level {top[:30]}", top.encode(), False, "none"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------- checks
+def _n_ops(data: bytes) -> int | None:
+    """GEMM/attention CPU op events in the input (an upper bound on the calls), or None."""
+    try:
+        trace = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+    except Exception:  # noqa: BLE001 - some inputs ijson reads are not json-module JSON
+        return None
+    events = trace.get("traceEvents") if isinstance(trace, dict) else trace
+    return sum(1 for e in events if isinstance(e, dict) and isinstance(e.get("name"), str)
+               and (e["name"] in config.GEMM_OPS or is_attention(e["name"])))
+
+
+def check_table(df, n_ops: int | None, name: str) -> None:
+    assert len(df) > 0, name
+    for col in ("m", "n", "k", "batch", "calls", "steps"):
+        assert df[col].notna().all() and (df[col] >= 0).all(), (name, col)
+    assert (df.calls >= 1).all() and (df.steps >= 1).all(), name
+    cps = df.calls_per_step
+    assert cps.map(math.isfinite).all() and (cps > 0).all(), name
+    assert df.step_us.map(math.isfinite).all() and (df.step_us >= 0).all(), name
+    for col in ("us_per_call", "step_gpu_us", "share"):
+        values = df[col].dropna()
+        assert values.map(math.isfinite).all() and (values >= 0).all(), (name, col)
+    # a time is NaN only where no kernel was seen (CPU-only, or the call launched none)
+    assert (df.us_per_call.notna() | (df.kernels == "")).all(), name
+    for col in ("heads", "kv_heads", "q_len", "kv_len", "head_dim"):
+        values = df[col].dropna()
+        assert (values >= 0).all(), (name, col)
+    if n_ops is not None:
+        assert df.calls.sum() <= n_ops, f"{name}: {df.calls.sum()} calls from {n_ops} ops"
+
+
+def run_case(tmp_path: Path, name: str, data: bytes) -> tuple[int, str, str, Path]:
+    trace = tmp_path / "case.json"
+    trace.write_bytes(data)
+    out = tmp_path / "case.parquet"
+    if out.exists():
+        out.unlink()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        rc = main(["harvest", str(trace), "-o", str(out)])
+    return rc, stdout.getvalue(), stderr.getvalue(), out
+
+
+def test_fuzzed_traces_fail_cleanly_or_give_a_sane_table(bases, tmp_path, capsys):
+    all_cases = cases(bases)
+    assert len(all_cases) >= 100
+    counts = {0: 0, 2: 0}
+    reference: dict = {}
+    for base, trace in bases.items():
+        rc, _, _, out = run_case(tmp_path, base, json.dumps(trace).encode())
+        reference[base] = shapetable.read(out) if rc == 0 else None
+    for name, data, must_warn, base in all_cases:
+        rc, out, err, table = run_case(tmp_path, name, data)
+        assert "Traceback" not in err + out, name
+        assert rc in counts, f"{name}: exit {rc}: {err}"
+        counts[rc] += 1
+        if rc == 2:
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("tuner: error: "), (name, err)
+            assert not table.exists(), name
+            continue
+        df = shapetable.read(table)
+        check_table(df, _n_ops(data), name)
+        if must_warn:
+            assert "tuner: warning: " in err, f"{name}: the damage went unsaid"
+        if name.endswith("every event twice") and reference[base] is not None:
+            ref = reference[base]       # an op recorded twice is one call, a kernel one kernel
+            assert list(df.calls) == list(ref.calls), name
+            assert list(df.us_per_call.fillna(-1)) == list(ref.us_per_call.fillna(-1)), name
+    with capsys.disabled():
+        print(f"\nharvest fuzz: {len(all_cases)} malformed traces: {counts[0]} exit 0 with a "
+              f"sane table, {counts[2]} exit 2 with one error line")
+    assert counts[0] > 10 and counts[2] > 30
+
+
+# --------------------------------------------------------------------------------------- memory
+CHILD = """
+import sys
+from tuner.cli import main
+print("exit", main(["harvest", sys.argv[1], "-o", sys.argv[2]]))
+"""
+
+
+def _limit_memory():      # a regression fails here, instead of taking the machine's memory
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+@pytest.mark.parametrize("where", ["args", "top"])
+def test_memory_stays_bounded_on_100000_nested_brackets(tmp_path, where, capsys):
+    """Before the nesting guard: 2.3 GB at 30,000 nested brackets, killed at 100,000."""
+    n = 100_000
+    if where == "args":
+        text = '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "args": ' + "[" * n + "]" * n + "}]}"
+    else:
+        text = "[" * n + "]" * n
+    trace = tmp_path / "deep.json"
+    trace.write_text(text)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(trace),
+                                 str(tmp_path / "x.parquet")], stdout=out, stderr=err, env=env,
+                                preexec_fn=_limit_memory)
+        _, status, usage = os.wait4(proc.pid, 0)      # this child's own peak RSS
+    peak_mb = usage.ru_maxrss / 1024
+    out, err = (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
+    with capsys.disabled():
+        print(f"\n{n} nested brackets ({where}): peak RSS {peak_mb:.0f} MB; {err.strip()}")
+    assert os.waitstatus_to_exitcode(status) == 0 and "exit 2" in out, err
+    assert "nested deeper than 1000 levels" in err and err.count("\n") == 1
+    assert peak_mb < 400
