@@ -19,17 +19,19 @@ from .pipeline import HarvestResult, harvest
 __all__ = ["load_callable", "live"]
 
 
-def load_callable(target: str):
-    """Import MODULE:CALLABLE or path/to/file.py:CALLABLE; a class is instantiated once."""
+def load_callable(target: str, *, instantiate: bool = True, flag: str = "--live"):
+    """Import MODULE:CALLABLE or path/to/file.py:CALLABLE; a class is instantiated once (unless
+    `instantiate` is False: `tuner ab` calls it with its own arguments). `flag` names the
+    option in errors."""
     if ":" not in target:
-        raise TunerError("--live wants MODULE:CALLABLE or path/to/file.py:CALLABLE, got "
+        raise TunerError(f"{flag} wants MODULE:CALLABLE or path/to/file.py:CALLABLE, got "
                          f"{target!r}")
     mod_name, _, attr = target.rpartition(":")
     try:
         if mod_name.endswith(".py") or os.sep in mod_name:
             file = Path(mod_name)
             if not file.exists():
-                raise TunerError(f"--live: file not found: {file}")
+                raise TunerError(f"{flag}: file not found: {file}")
             spec = importlib.util.spec_from_file_location(f"_tuner_live_{file.stem}", file)
             module = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = module
@@ -39,20 +41,20 @@ def load_callable(target: str):
     except TunerError:
         raise
     except ImportError as exc:
-        raise TunerError(f"--live: cannot import {mod_name}: {exc}") from None
+        raise TunerError(f"{flag}: cannot import {mod_name}: {exc}") from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise TunerError(f"--live: {mod_name} has no attribute {attr!r}")
+            raise TunerError(f"{flag}: {mod_name} has no attribute {attr!r}")
         obj = getattr(obj, part)
-    if isinstance(obj, type):
+    if isinstance(obj, type) and instantiate:
         try:
             obj = obj()
         except Exception as exc:  # noqa: BLE001 - the user's code; --debug shows the traceback
-            raise TunerError(f"--live: creating {target} failed: {type(exc).__name__}: "
+            raise TunerError(f"{flag}: creating {target} failed: {type(exc).__name__}: "
                              f"{exc}") from exc
     if not callable(obj):
-        raise TunerError(f"--live: {target} is not callable")
+        raise TunerError(f"{flag}: {target} is not callable")
     return obj
 
 

@@ -1,0 +1,176 @@
+"""tuner ab: the verdict on recorded A/B data, and the measurement path on the CPU.
+
+The measurement (three arms, tokens, logits against the fp32 reference, timing, profiled
+replays) runs on a tiny pure-torch decoder (tests/fixtures/ab/tiny_lm.py) on the CPU without
+graphs (eager "replays": the numbers mean nothing); the tuned arm runs the Triton kernels under
+the interpreter through tuner.serving with an export written by tuner.export. A crashing arm is
+measured in a child process and reported with its stage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tuner import ab, runtime
+from tuner.ab import verdict as abv
+from tuner.ab.child import run_child
+from tuner.ab.measure import ABSettings, measure
+from tuner.cli import main
+
+HERE = Path(__file__).resolve().parent
+TINY = f"{HERE / 'fixtures' / 'ab' / 'tiny_lm.py'}:TinyDecode"
+
+
+def recorded(base=100.0, tuned=90.0, aa=100.0, jitter=0.2, tuned_err=1.0e-2, base_err=1.0e-2,
+             tuned_agree=0.95, base_agree=0.95, aa_agree=0.95, steps=8, batch=2) -> dict:
+    groups = 10
+    wiggle = [jitter * ((i % 3) - 1) for i in range(groups)]
+    forced = {name: {"error": [err] * steps, "agreement": [agree] * steps}
+              for name, err, agree in (("baseline", base_err, base_agree),
+                                       ("tuned", tuned_err, tuned_agree),
+                                       ("aa", base_err, aa_agree))}
+    ref = [[1, 2]] * steps
+    return {"settings": {"steps": steps, "batch": batch},
+            "group_us": {"baseline": [base + w for w in wiggle],
+                         "tuned": [tuned + w for w in wiggle],
+                         "aa": [aa + w for w in reversed(wiggle)]},
+            "reference_tokens": ref,
+            "outputs": {"teacher_forced": forced,
+                        "free_running": {"baseline": ref, "tuned": ref[:3] + [[9, 9]] * (steps - 3),
+                                         "aa": ref}}}
+
+
+# ------------------------------------------------------------------------------ the verdict
+def test_faster_beyond_the_aa_margin_with_outputs_in_the_floor_passes():
+    v = abv.decide(recorded(), label="x")
+    assert v.speedup == pytest.approx(100 / 90, rel=1e-3) and v.faster
+    assert v.aa_margin < 0.01 and v.saving_us == pytest.approx(10.0)
+    assert v.outputs_ok and v.exit_code == abv.EXIT_PASS
+    fr = v.outputs["free_running"]
+    assert fr["tuned"]["first_divergence_vs_baseline"] == 4
+    assert fr["aa"]["first_divergence_vs_baseline"] is None
+
+
+def test_a_speedup_inside_the_aa_noise_fails():
+    # the A/A arm wanders by 2%: a 1% faster tuned arm is not evidence
+    data = recorded(tuned=99.0)
+    data["group_us"]["aa"] = [100.0 + (2.0 if i % 2 else -2.0) for i in range(10)]
+    v = abv.decide(data, label="x")
+    assert not v.faster and v.exit_code == abv.EXIT_FAIL
+    assert "not faster beyond the A/A margin" in v.reasons[0]
+
+
+def test_a_slower_tuned_arm_fails():
+    v = abv.decide(recorded(tuned=105.0), label="x")
+    assert v.speedup < 1 and v.exit_code == abv.EXIT_FAIL
+
+
+def test_less_accurate_or_diverging_outputs_fail():
+    worse = abv.decide(recorded(tuned_err=2.0e-2), label="x")
+    assert not worse.outputs_ok and "2.00x the baseline" in worse.reasons[0]
+    assert worse.exit_code == abv.EXIT_FAIL
+    # agreement: 3 tokens of 16 fewer than the baseline, beyond a 2-token floor
+    diverged = abv.decide(recorded(tuned_agree=0.95 - 3 / 16), label="x")
+    assert not diverged.outputs_ok and "agreement" in diverged.reasons[0]
+    within = abv.decide(recorded(tuned_agree=0.95 - 1 / 16), label="x")
+    assert within.outputs_ok
+
+
+def test_a_crash_is_a_reported_failure():
+    v = abv.decide(None, label="x", crashed="the measurement process died at 'capture: tuned arm'")
+    assert v.exit_code == abv.EXIT_FAIL and "capture: tuned arm" in abv.markdown(v)
+    assert "CRASHED" in "\n".join(abv.summary_lines(v))
+
+
+def test_attribution_splits_the_saving_per_shape_and_the_residual():
+    base = [{"op": "aten::mm", "family": "gemm", "phase": "decode", "m": 1, "n": 4096, "k": 4096,
+             "calls_per_step": 36.0, "us_per_call": 10.0, "kernels": "cublas_gemv; splitk_reduce",
+             "step_us": 1000.0, "step_gpu_us": 900.0}]
+    tuned = [{"op": "tuner::linear", "family": "gemm", "phase": "decode", "m": 1, "n": 4096,
+              "k": 4096, "calls_per_step": 36.0, "us_per_call": 8.0, "kernels": "_gemv_kernel",
+              "step_us": 880.0, "step_gpu_us": 820.0}]
+    rows, residual = abv.attribution_rows({"baseline": base, "tuned": tuned},
+                                          {"m=1,n=4096,k=4096": 60.0})
+    (row,) = rows
+    assert row["measured_saving_us"] == pytest.approx(72.0)
+    assert row["projected_saving_us"] == 60.0
+    assert row["baseline_kernels"] == ["cublas_gemv", "splitk_reduce"]
+    assert residual["attributed_kernels_us"] == pytest.approx(72.0)
+    assert residual["other_kernels_us"] == pytest.approx((900 - 360) - (820 - 288))
+    assert residual["idle_and_launch_gaps_us"] == pytest.approx(100 - 60)
+
+
+# ------------------------------------------------------------------ the measurement on CPU
+@pytest.fixture
+def export_dir(monkeypatch, tmp_path):
+    """An export for the tiny LM's decode linears at batch 2 (written by tuner.export)."""
+    from test_serving import IDENTITY, write_export
+
+    monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
+    monkeypatch.delenv("TUNER_EXPORT_DIR", raising=False)
+    runtime.reset()
+    shapes = [("gemv", {"m": 2, "n": 64, "k": 64, "dtype": "bfloat16", "bias": 1}),
+              ("gemv", {"m": 2, "n": 32, "k": 64, "dtype": "bfloat16", "bias": 1}),
+              ("gemv", {"m": 2, "n": 64, "k": 96, "dtype": "bfloat16"})]
+    write_export(tmp_path / "export", shapes)
+    yield tmp_path / "export" / "nvidia-h200"
+    runtime.reset()
+
+
+def test_the_measurement_runs_every_arm_on_the_cpu(export_dir, tmp_path):
+    settings = ABSettings(batch=2, prompt=4, steps=3, groups=2, replays=1,
+                          export_dir=str(export_dir), out_dir=str(tmp_path / "ab"), device="cpu",
+                          families=("gemv",), profile_steps=2)
+    stages = []
+    data = measure(("callable", TINY), settings, stages.append)
+    assert stages[0].startswith("reference") and stages[-1] == "done"
+    assert any(s.startswith("capture: tuned") for s in stages)
+    assert set(data["group_us"]) == {"baseline", "tuned", "aa"}
+    assert all(len(g) == 2 for g in data["group_us"].values())
+    hits = data["serving"]["hits"]["gemv"]
+    assert sum(hits.values()) >= 3  # the tuned arm's linears ran the Triton kernels
+    forced = data["outputs"]["teacher_forced"]
+    assert len(forced["tuned"]["error"]) == 3 and forced["baseline"]["error"][0] > 0
+    assert forced["aa"] == forced["baseline"]  # the same path twice: the same numbers
+    assert len(data["outputs"]["free_running"]["tuned"]) == 3
+    for arm in ("baseline", "tuned", "aa"):
+        assert Path(data["traces"][arm]["capture"]).exists()
+    v = abv.decide(data, label="tiny")
+    json.dumps(v.to_json())  # plain JSON, NaN as null
+    assert v.outputs["error_ratio"] < 1.25  # the tuned kernels are as accurate as torch's
+
+
+def test_a_crashing_arm_is_reported_with_its_stage(tmp_path, monkeypatch):
+    monkeypatch.setenv("AB_TINY_CRASH", "tuned")
+    settings = ABSettings(batch=2, prompt=4, steps=2, groups=2, replays=1, device="cpu",
+                          reference=False, profile=False, families=("gemv",),
+                          out_dir=str(tmp_path / "ab"))
+    result = run_child(("callable", TINY), settings, tmp_path / "work", timeout_s=300)
+    assert not result.ok and result.returncode < 0
+    assert "capture: tuned arm" in result.reason and "SIGSEGV" in result.reason
+
+
+def test_ab_without_a_gpu_says_what_it_would_run(capsys):
+    if ab._have_gpu():
+        pytest.skip("this machine has a GPU")
+    rc = main(["ab", TINY, "--batch", "1,32"])
+    captured = capsys.readouterr()
+    assert rc == 2 and "tuner ab would build" in captured.out and "batch 1, 32" in captured.out
+    assert captured.err.startswith("tuner: error:") and "needs a CUDA or ROCm GPU" in captured.err
+
+
+def test_ab_usage_errors_are_one_line(capsys):
+    assert main(["ab"]) == 2
+    assert "exactly one of" in capsys.readouterr().err
+    assert main(["ab", TINY, "--batch", "one"]) == 2
+    assert "--batch wants" in capsys.readouterr().err
+
+
+def test_the_verdict_json_has_no_nan():
+    v = abv.decide(recorded(), label="x")
+    text = json.dumps(v.to_json())
+    assert "NaN" not in text and math.isfinite(v.speedup)

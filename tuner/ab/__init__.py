@@ -1,0 +1,165 @@
+"""`tuner ab`: does the projected saving show up in the model's own decode step?
+
+A projection is a hypothesis. `tuner ab` builds the model (MODULE:CALLABLE, or a transformers
+config with random weights), captures its decode step over a static KV cache as one CUDA/HIP
+graph three ways in one process — baseline, tuned (tuner.serving with the export) and baseline
+again (A/A) — and reports step time per arm with the A/A noise floor, the tokens and logits of
+each arm against an fp32 reference of the same weights, and, per call shape, the kernel time of
+each arm (the arms' graph replays profiled and joined with their captures by tuner.harvest)
+against what the export projected. Modules: harness (what a model must give), measure (the
+measurement, in a child process: child), verdict (the pure decision and its tables).
+
+Writes artifacts/ab/<label>/ab.json and ab.md (one A/B per batch size) and returns the exit
+code: 0 faster beyond the A/A margin with outputs within the floor, 3 otherwise (slower,
+diverged, crashed). Without a GPU it says what it would run and exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..errors import NoGPUError, TunerError, info, warn
+from .child import run_child
+from .measure import ABSettings
+from .verdict import EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, summary_lines
+
+__all__ = ["ABSettings", "ABVerdict", "AB_DIR", "plan_lines", "projected_savings", "run"]
+
+AB_DIR = Path("artifacts") / "ab"
+
+
+def _label(spec: tuple[str, str]) -> str:
+    kind, value = spec
+    name = Path(value).stem if kind == "hf" else value.rpartition(":")[2]
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name) or "model"
+
+
+def plan_lines(spec: tuple[str, str], batches: list[int], settings: ABSettings) -> list[str]:
+    what = f"--hf-config {spec[1]}" if spec[0] == "hf" else spec[1]
+    export = settings.export_dir or "artifacts/export/<this GPU>"
+    return [f"tuner ab would build {what} (dtype {settings.dtype}, prompt {settings.prompt}) at "
+            f"batch {', '.join(map(str, batches))}, capture its decode step as a CUDA/HIP graph "
+            f"three ways (baseline, tuned with {export}, A/A), decode {settings.steps} steps per "
+            f"arm against an fp32 reference, time {settings.groups} x {settings.replays} replays "
+            f"per arm and profile each arm for the per-shape attribution"]
+
+
+def _have_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+def _export_dir(settings: ABSettings) -> str:
+    if settings.export_dir:
+        return settings.export_dir
+    from .. import runtime
+
+    directory = runtime.export_dir()
+    if directory is None:
+        raise TunerError("cannot name this GPU's export directory: give --export DIR")
+    return str(directory)
+
+
+def _harvest(traces: dict) -> tuple[dict, str]:
+    """Each arm's graph replay joined with its capture: arm -> ShapeTable rows (dicts)."""
+    from .. import harvest
+
+    tables = {}
+    for arm, paths in traces.items():
+        try:
+            result = harvest.harvest([paths["replay"]], capture=[paths["capture"]], quiet=True)
+        except TunerError as exc:
+            return {}, f"attribution unavailable ({arm} arm): {exc}"
+        tables[arm] = result.table.to_dict("records")
+    return tables, ""
+
+
+def projected_savings(export_dir: str | Path, baseline_rows: list[dict]) -> dict:
+    """'m=..,n=..,k=..' -> the saving the export projects per step for that shape: the saving per
+    call rank measured for the entry serving uses (exact, else nearest m), times the shape's calls
+    per step in this A/B's own baseline step."""
+    from kernels import get_family
+
+    from .. import runtime
+
+    docs = {}
+    for family in ("gemv", "gemm"):
+        path = Path(export_dir) / f"{family}.json"
+        try:
+            docs[family] = json.loads(path.read_text()).get("configs", {})
+        except (OSError, ValueError):
+            docs[family] = {}
+    out: dict = {}
+    for row in baseline_rows:
+        if row.get("family") != "gemm":
+            continue
+        for family in ("gemv", "gemm"):
+            shape = get_family(family).shape_from_row(row)
+            if shape is None:
+                continue
+            try:
+                _config, key = runtime.resolve(family, shape)
+            except Exception:  # noqa: BLE001 - no usable export: nothing projected
+                key = None
+            entry = docs[family].get(key) if key else None
+            saving = ((entry or {}).get("measured") or {}).get("saving_us_per_call")
+            if saving is not None:
+                mnk = f"m={row['m']},n={row['n']},k={row['k']}"
+                out[mnk] = out.get(mnk, 0.0) + float(saving) * float(row["calls_per_step"])
+    return out
+
+
+def run(spec: tuple[str, str], *, batches: list[int], settings: ABSettings,
+        out_root: str | Path = AB_DIR, timeout_s: float | None = None, out=print) -> int:
+    """The A/B at every batch size; prints and writes each verdict; returns the exit code."""
+    if not batches or any(b < 1 for b in batches):
+        raise TunerError(f"--batch needs positive batch sizes, got {batches}")
+    if settings.steps < 1 or settings.groups < 2 or settings.replays < 1:
+        raise TunerError("--steps must be >= 1, --groups >= 2 and --replays >= 1")
+    if settings.device == "cuda" and not _have_gpu():
+        for line in plan_lines(spec, batches, settings):
+            out(line)
+        raise NoGPUError("tuner ab needs a CUDA or ROCm GPU: it captures and times the decode "
+                         "step as a graph; none is visible here")
+    export_dir = _export_dir(settings) if settings.device == "cuda" else (settings.export_dir or "")
+    if settings.device == "cuda" and not Path(export_dir).is_dir():
+        raise TunerError(f"no export at {export_dir}: run `tuner run` / `tuner export` first, or "
+                         f"give --export DIR")
+    label = _label(spec)
+    worst = EXIT_PASS
+    for batch in batches:
+        run_label = f"{label}-b{batch}"
+        directory = Path(out_root) / run_label
+        s = ABSettings(**{**settings.__dict__, "batch": batch, "export_dir": export_dir or None,
+                          "out_dir": str(directory)})
+        info(f"tuner ab {run_label}: {plan_lines(spec, [batch], s)[0]}")
+        child = run_child(spec, s, directory, timeout_s, echo=lambda line: info(f"  .. {line}"))
+        tables, note = ({}, "")
+        projected: dict = {}
+        if child.ok and child.data.get("traces"):
+            tables, note = _harvest(child.data["traces"])
+            if note:
+                warn(note)
+            if tables.get("baseline") and export_dir:
+                projected = projected_savings(export_dir, tables["baseline"])
+        verdict = decide(child.data if child.ok else None, label=run_label,
+                         crashed="" if child.ok else child.reason, tables=tables,
+                         projected=projected)
+        directory.mkdir(parents=True, exist_ok=True)
+        record = verdict.to_json()
+        record["seconds"] = child.seconds
+        if note:
+            record["attribution_note"] = note
+        (directory / "ab.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        (directory / "ab.md").write_text(markdown(verdict))
+        for line in summary_lines(verdict):
+            out(line)
+        out(f"  written: {directory / 'ab.json'} and {directory / 'ab.md'}")
+        worst = max(worst, verdict.exit_code)
+    return EXIT_FAIL if worst != EXIT_PASS else EXIT_PASS

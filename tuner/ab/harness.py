@@ -1,0 +1,153 @@
+"""What `tuner ab` runs: a model's decode step over a static KV cache, and how to get one.
+
+A *harness* is any object with
+
+- ``model``: the torch.nn.Module (tuner.serving.install routes its linears);
+- ``prefill() -> logits [batch, vocab]``: reset the static KV cache, prefill the prompt, put the
+  first greedy tokens into the static input buffer;
+- ``decode() -> logits [batch, vocab]``: one decode step that reads only static buffers (input
+  tokens, cache position) and writes its logits into a tensor it returns — capturable as one
+  CUDA/HIP graph;
+- ``feed(tokens)``: copy the next tokens [batch] into the input buffer and advance the cache
+  position by one (outside any graph).
+
+`tuner ab MODULE:CALLABLE` calls CALLABLE with the keyword arguments it accepts among
+``batch, prompt, steps, dtype, device, seed`` (a class is instantiated) and uses what it returns;
+`tuner ab --hf-config CONFIG.json` builds `HFDecode` from a transformers config with random
+weights (no download; transformers is an optional extra). The same factory called with
+``dtype=torch.float32`` gives the high-precision reference of the same weights.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import TunerError
+
+__all__ = ["HFDecode", "REQUIRED", "check_harness", "hf_factory", "load_factory", "make_harness"]
+
+REQUIRED = ("model", "prefill", "decode", "feed")
+FACTORY_ARGS = ("batch", "prompt", "steps", "dtype", "device", "seed")
+
+
+class HFDecode:
+    """A transformers causal LM decoding greedily over a StaticCache (one token per sequence a
+    step), with static input buffers, so its decode step captures as one graph."""
+
+    def __init__(self, model, *, batch: int, prompt: int, steps: int, seed: int = 0,
+                 vocab_size: int | None = None):
+        from transformers import StaticCache
+
+        self.model = model.eval()
+        self.batch, self.prompt_len = int(batch), int(prompt)
+        device = next(model.parameters()).device
+        vocab = int(vocab_size or model.config.vocab_size)
+        g = torch.Generator(device="cpu").manual_seed(seed + 1)
+        self.prompt = torch.randint(0, vocab, (self.batch, self.prompt_len), generator=g).to(device)
+        # room for the prompt, the compared steps and the timed replays (they rewrite one slot)
+        self.cache = StaticCache(config=model.config, max_cache_len=self.prompt_len + steps + 2)
+        self.tokens = torch.zeros(self.batch, 1, dtype=torch.long, device=device)
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
+
+    @torch.no_grad()
+    def prefill(self) -> torch.Tensor:
+        self.cache.reset()
+        positions = torch.arange(self.prompt_len, device=self.prompt.device)
+        out = self.model(input_ids=self.prompt, past_key_values=self.cache,
+                         cache_position=positions, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :]
+        self.tokens.copy_(logits.argmax(-1, keepdim=True))
+        self.position.fill_(self.prompt_len)
+        return logits
+
+    @torch.no_grad()
+    def decode(self) -> torch.Tensor:
+        out = self.model(input_ids=self.tokens, past_key_values=self.cache,
+                         cache_position=self.position, use_cache=True)
+        return out.logits[:, -1, :]
+
+    def feed(self, tokens: torch.Tensor) -> None:
+        self.tokens.copy_(tokens.view(self.batch, 1))
+        self.position.add_(1)
+
+
+def _build_hf(config_dict: dict, *, batch: int, prompt: int, steps: int, dtype, device,
+              seed: int = 0) -> HFDecode:
+    try:
+        import transformers
+    except ImportError:
+        raise TunerError("--hf-config needs transformers: pip install 'kernel-tuner-service[ab]' "
+                         "(or pip install transformers)") from None
+    config_dict = dict(config_dict)
+    model_type = config_dict.pop("model_type", None)
+    if not model_type:
+        raise TunerError("the transformers config has no model_type (e.g. \"qwen3\", \"llama\")")
+    try:
+        config = transformers.AutoConfig.for_model(model_type, **config_dict)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TunerError(f"transformers cannot build a {model_type!r} config: {exc}") from None
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    with torch.device(device):
+        # built in fp32 from the seed, then cast: every dtype gets the same weights
+        model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model = model.to(dtype=dtype).eval().requires_grad_(False)
+    return HFDecode(model, batch=batch, prompt=prompt, steps=steps, seed=seed)
+
+
+def hf_factory(path: str | Path):
+    """A factory for `make_harness` from a transformers config JSON (random weights)."""
+    path = Path(path)
+    try:
+        config_dict = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TunerError(f"--hf-config: file not found: {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TunerError(f"--hf-config: {path} is not a JSON config ({exc})") from None
+    if not isinstance(config_dict, dict):
+        raise TunerError(f"--hf-config: {path} holds a JSON {type(config_dict).__name__}, "
+                         "not a config object")
+
+    def factory(*, batch, prompt, steps, dtype, device, seed=0):
+        return _build_hf(config_dict, batch=batch, prompt=prompt, steps=steps, dtype=dtype,
+                         device=device, seed=seed)
+
+    factory.__name__ = path.stem
+    return factory
+
+
+def load_factory(target: str):
+    """MODULE:CALLABLE or path/to/file.py:CALLABLE -> the callable (not called yet)."""
+    from ..harvest import load_callable
+
+    return load_callable(target, instantiate=False, flag="tuner ab")
+
+
+def make_harness(factory, **kwargs):
+    """Call the factory with the keyword arguments it accepts; check what it returns."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    takes_all = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    accepted = {k: v for k, v in kwargs.items() if takes_all or k in params}
+    try:
+        harness = factory(**accepted)
+    except TunerError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's code; --debug shows the traceback
+        raise TunerError(f"building the model failed: {type(exc).__name__}: {exc}") from exc
+    check_harness(harness)
+    return harness
+
+
+def check_harness(harness) -> None:
+    missing = [name for name in REQUIRED if not hasattr(harness, name)]
+    if missing:
+        raise TunerError(f"the A/B callable returned a {type(harness).__name__} without "
+                         f"{', '.join(missing)}: it must give model, prefill(), decode() and "
+                         f"feed(tokens) (see docs/ab.md)")

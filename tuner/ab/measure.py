@@ -1,0 +1,278 @@
+"""The same-process A/B of a model's decode step: three arms, each captured as one graph.
+
+Runs in a child process (tuner.ab.child) so a crashing arm is a reported result. Steps, each
+announced through `progress(stage)` before it starts (the parent names the stage a crash ends):
+
+1. build the harness (bf16/fp16 weights) and, with `reference`, the same weights in fp32: the fp32
+   model decodes `steps` greedy tokens eagerly (its tokens and logits are the reference);
+2. capture three arms of the decode step as CUDA/HIP graphs over the same static buffers:
+   ``baseline`` (the model as it is), ``tuned`` (tuner.serving.install with the export; kernels
+   warmed up before the capture) and ``aa`` (the baseline again: the noise floor);
+3. outputs: from the same (baseline) prefill, each arm decodes `steps` steps teacher-forced on the
+   reference tokens (logits error against the fp32 reference and top-1 agreement with it, per
+   step) and `steps` steps free-running (its own greedy tokens);
+4. timing: groups of graph replays, each group timed with device events per arm, the arms'
+   order rotating from group to group (tuner.timing.ReplayTimer);
+5. attribution (with `profile`): each arm captured again under the profiler (record_shapes) and
+   a few replays profiled; the parent joins each pair with tuner.harvest (per-shape kernel time).
+
+Returns plain JSON data. `device="cpu"` runs the same code without graphs (eager "replays",
+perf_counter clocks) for tests: its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .harness import hf_factory, load_factory, make_harness
+
+__all__ = ["ARMS", "ABSettings", "measure"]
+
+ARMS = ("baseline", "tuned", "aa")
+
+
+@dataclass
+class ABSettings:
+    batch: int = 1
+    prompt: int = 128
+    steps: int = 32  # decode steps compared (teacher-forced and free-running)
+    groups: int = 20
+    replays: int = 10
+    export_dir: str | None = None
+    families: tuple[str, ...] = ("gemv", "gemm", "attention")
+    reference: bool = True  # decode the fp32 reference of the same weights
+    profile: bool = True  # profile each arm for the per-shape attribution
+    profile_steps: int = 5
+    out_dir: str = "artifacts/ab"
+    seed: int = 0
+    dtype: str = "bfloat16"
+    device: str = "cuda"
+
+
+def _factory(spec: tuple[str, str]):
+    kind, value = spec
+    return hf_factory(value) if kind == "hf" else load_factory(value)
+
+
+class _Arm:
+    """One arm: its graph (or, on the CPU, the eager step) and the tensor its replay writes.
+    `serve`: a context manager factory that installs the tuned kernels (tuned arm only)."""
+
+    def __init__(self, name: str, harness, gpu: bool, serve=None):
+        self.name = name
+        self.harness = harness
+        self.gpu = gpu
+        self.serve = serve or contextlib.nullcontext
+        self.graph = None
+        self.logits = None
+        self.serving: dict = {}
+
+    def capture(self) -> None:
+        """Warm up and capture the decode step (on the CPU: only note what serving serves)."""
+        with self.serve() as handle:
+            if handle is not None:
+                handle.warmup(self.harness.decode)
+            if self.gpu:
+                self._capture()
+            if handle is not None:
+                self.serving = {"status": handle.status(), "hits": handle.hits(),
+                                "misses": handle.misses(), "linears": len(handle.linears)}
+
+    def _capture(self) -> None:
+        h = self.harness
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # allocator, cuBLAS workspaces, Triton compiles: never in capture
+                h.decode()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = h.decode()
+        torch.cuda.synchronize()
+
+    def step(self) -> torch.Tensor:
+        """One decode step: a graph replay (or, on the CPU, the eager step of this arm)."""
+        if self.graph is None:
+            with self.serve():
+                return self.harness.decode()
+        self.graph.replay()
+        return self.logits
+
+
+def _sync(gpu: bool) -> None:
+    if gpu:
+        torch.cuda.synchronize()
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a64, b64 = a.double(), b.double()
+    denom = float(torch.linalg.vector_norm(b64))
+    if not bool(torch.isfinite(a64).all()):
+        return math.inf
+    return float(torch.linalg.vector_norm(a64 - b64)) / denom if denom > 0 else 0.0
+
+
+def _greedy(step, harness, steps: int, keep_logits: bool = False) -> tuple[list, list]:
+    """Free-running greedy decode from a fresh prefill: tokens [steps][batch] (and, with
+    `keep_logits`, each step's logits in fp32)."""
+    harness.prefill()
+    tokens, logits = [], []
+    for _ in range(steps):
+        out = step()
+        tok = out.argmax(-1)
+        tokens.append(tok.tolist())
+        if keep_logits:
+            logits.append(out.float().clone())
+        harness.feed(tok)
+    return tokens, logits
+
+
+def _teacher_forced(arm: _Arm, ref_tokens: list, ref_logits: list) -> dict:
+    """Each step fed the reference's tokens: the arm's logits error and top-1 agreement."""
+    h = arm.harness
+    h.prefill()
+    errors, agreement = [], []
+    for i, tokens in enumerate(ref_tokens):
+        out = arm.step()
+        errors.append(_rel(out.float(), ref_logits[i]))
+        want = torch.tensor(tokens, device=out.device)
+        agreement.append(float((out.argmax(-1) == want).float().mean()))
+        h.feed(want)
+    return {"error": errors, "agreement": agreement}
+
+
+def _time(arms: list[_Arm], groups: int, replays: int, gpu: bool) -> dict[str, list[float]]:
+    from ..timing import ReplayTimer
+
+    timers = {a.name: ReplayTimer(a.step, 1, gpu=gpu) for a in arms}
+    for a in arms:  # warm: the first replays upload the graphs
+        for _ in range(3):
+            a.step()
+    _sync(gpu)
+    out: dict[str, list[float]] = {a.name: [] for a in arms}
+    for g in range(groups):
+        order = arms[g % len(arms):] + arms[:g % len(arms)]
+        for a in order:
+            out[a.name].append(timers[a.name].group(replays))
+    return out
+
+
+def _profile(arm: _Arm, directory: Path, steps: int, gpu: bool) -> dict:
+    """Capture the arm again under the profiler (record_shapes) and profile `steps` replays
+    (one ProfilerStep each): the pair tuner.harvest joins."""
+    from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    directory.mkdir(parents=True, exist_ok=True)
+    capture_path = directory / f"{arm.name}_capture.pt.trace.json"
+    replay_path = directory / f"{arm.name}_replay.pt.trace.json"
+    graph = None
+    with arm.serve(), profile(activities=activities, record_shapes=True) as prof:
+        if gpu:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                arm.harness.decode()
+            torch.cuda.synchronize()
+        else:
+            arm.harness.decode()
+    prof.export_chrome_trace(str(capture_path))
+    replay = graph.replay if graph is not None else arm.step
+    with profile(activities=activities, record_shapes=True,
+                 schedule=lambda step: ProfilerAction.RECORD) as prof:
+        for i in range(steps):
+            if i:
+                prof.step()
+            replay()
+            _sync(gpu)
+    prof.export_chrome_trace(str(replay_path))
+    return {"capture": str(capture_path), "replay": str(replay_path)}
+
+
+def _identity(device: str) -> dict:
+    from ..device import versions
+
+    info = {"versions": {k: v for k, v in versions().items() if v}}
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info["device_name"] = props.name
+    else:
+        info["device_name"] = "cpu"
+    return info
+
+
+def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: None) -> dict:
+    """The whole A/B in this process (module docstring); returns plain JSON data."""
+    from .. import serving
+
+    gpu = settings.device == "cuda"
+    dtype = getattr(torch, settings.dtype)
+    factory = _factory(spec)
+    common = dict(batch=settings.batch, prompt=settings.prompt, steps=settings.steps,
+                  device=settings.device, seed=settings.seed)
+    result: dict = {"settings": asdict(settings), "spec": list(spec), **_identity(settings.device)}
+
+    ref_tokens = ref_logits = None
+    if settings.reference:
+        progress("reference: fp32 model, greedy decode")
+        ref = make_harness(factory, dtype=torch.float32, **common)
+        with torch.no_grad():
+            ref_tokens, ref_logits = _greedy(ref.decode, ref, settings.steps, keep_logits=True)
+        result["reference_tokens"] = ref_tokens
+        del ref
+        gc.collect()
+        if gpu:
+            torch.cuda.empty_cache()
+
+    progress("build: the model in " + settings.dtype)
+    harness = make_harness(factory, dtype=dtype, **common)
+    model = harness.model
+    result["model"] = {"class": type(model).__name__,
+                       "parameters": int(sum(p.numel() for p in model.parameters())),
+                       "dtype": settings.dtype}
+
+    @contextlib.contextmanager
+    def serve():
+        handle = serving.install(model, export_dir=settings.export_dir, families=settings.families)
+        try:
+            yield handle
+        finally:
+            handle.uninstall()
+
+    arms = [_Arm(name, harness, gpu, serve if name == "tuned" else None) for name in ARMS]
+    with torch.no_grad():
+        harness.prefill()
+        for arm in arms:
+            progress(f"capture: {arm.name} arm")
+            arm.capture()
+        result["serving"] = arms[1].serving
+
+        outputs: dict = {"free_running": {}, "teacher_forced": {}}
+        for arm in arms:
+            progress(f"outputs: {arm.name} arm, {settings.steps} steps")
+            outputs["free_running"][arm.name] = _greedy(arm.step, harness, settings.steps)[0]
+            if ref_tokens is not None:
+                outputs["teacher_forced"][arm.name] = _teacher_forced(arm, ref_tokens, ref_logits)
+        result["outputs"] = outputs
+
+        progress(f"timing: {settings.groups} groups of {settings.replays} replays per arm")
+        harness.prefill()
+        result["group_us"] = _time(arms, settings.groups, settings.replays, gpu)
+
+        if settings.profile:
+            traces = {}
+            for arm in arms:
+                progress(f"profile: {arm.name} arm")
+                harness.prefill()
+                traces[arm.name] = _profile(arm, Path(settings.out_dir) / "traces",
+                                            settings.profile_steps, gpu)
+            result["traces"] = traces
+    progress("done")
+    return result

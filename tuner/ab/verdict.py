@@ -1,0 +1,313 @@
+"""The A/B verdict: pure functions over a recorded measurement (no GPU, no I/O).
+
+Timing. Each arm's step time is the median of its group medians. The speedup is the median of
+the per-group ratios baseline / tuned, with a bootstrap interval; the A/A arm gives the noise
+floor: its per-group ratios baseline / aa should be 1, and the largest deviation of any group is
+the margin the speedup's lower bound must clear (a bootstrap over groups alone is too narrow: an
+A/A run on the H200 gave 1.0017 with a ±0.0004 interval).
+
+Outputs. With random weights near-tied logits flip even between two runs of the same path, so a
+free-running greedy decode diverges early and at random; its first divergence is reported, but
+the gate is teacher-forced: every arm is fed the fp32 reference's tokens, and at each step its
+logits are compared with the reference's. The tuned arm is within the floor when its worst logits
+error is at most `margin` (the parity margin, 1.25) times the baseline arm's, and its top-1
+agreement with the reference is no lower than the baseline's by more than the A/A arm's own
+difference (at least two tokens of the batch's steps).
+
+Exit code: 0 when the tuned arm is faster beyond the A/A margin with outputs within the floor;
+3 when it is slower (or not faster beyond the margin), its outputs are beyond the floor, or the
+measurement crashed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from ..parity import DEFAULT_MARGIN
+from ..timing import bootstrap_median_interval, median, spread_pct
+
+__all__ = ["ABVerdict", "EXIT_FAIL", "EXIT_PASS", "attribution_rows", "decide", "markdown",
+           "summary_lines"]
+
+EXIT_PASS, EXIT_FAIL = 0, 3
+
+
+@dataclass
+class ABVerdict:
+    label: str
+    arms: dict  # name -> {"median_us", "spread_pct", "groups"}
+    speedup: float = math.nan  # baseline / tuned, median of per-group ratios
+    speedup_low: float = math.nan
+    speedup_high: float = math.nan
+    aa_ratio: float = math.nan  # baseline / aa, median of per-group ratios
+    aa_margin: float = math.nan  # largest |baseline / aa - 1| of any group
+    faster: bool = False
+    saving_us: float = math.nan  # baseline - tuned step time
+    projected_us: float = math.nan  # the export's projected saving for the shapes served
+    outputs: dict = field(default_factory=dict)
+    outputs_ok: bool = False
+    crashed: str = ""
+    reasons: list = field(default_factory=list)
+    attribution: list = field(default_factory=list)
+    residual: dict = field(default_factory=dict)
+    serving: dict = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_PASS if (self.faster and self.outputs_ok and not self.crashed) else EXIT_FAIL
+
+    @property
+    def measured_over_projected(self) -> float:
+        if not (self.projected_us and self.projected_us > 0):
+            return math.nan
+        return self.saving_us / self.projected_us
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["exit_code"] = self.exit_code
+        data["measured_over_projected"] = self.measured_over_projected
+        return _finite(data)
+
+
+def _finite(value):
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def first_divergence(tokens: list, other: list) -> int | None:
+    """The first decode step (1-based) where two greedy token sequences differ, None if never."""
+    for i, (a, b) in enumerate(zip(tokens, other)):
+        if a != b:
+            return i + 1
+    return None
+
+
+def _timing(verdict: ABVerdict, group_us: dict) -> None:
+    for name, groups in group_us.items():
+        verdict.arms[name] = {"median_us": median(groups), "spread_pct": spread_pct(groups),
+                              "groups": list(groups)}
+    base, tuned, aa = (group_us.get(k) for k in ("baseline", "tuned", "aa"))
+    if base and tuned:
+        ratios = [b / t for b, t in zip(base, tuned) if t > 0]
+        verdict.speedup = median(ratios)
+        verdict.speedup_low, verdict.speedup_high = bootstrap_median_interval(ratios)
+        verdict.saving_us = verdict.arms["baseline"]["median_us"] - verdict.arms["tuned"]["median_us"]
+    if base and aa:
+        aa_ratios = [b / a for b, a in zip(base, aa) if a > 0]
+        verdict.aa_ratio = median(aa_ratios)
+        verdict.aa_margin = max(abs(r - 1.0) for r in aa_ratios)
+    if math.isfinite(verdict.speedup_low) and math.isfinite(verdict.aa_margin):
+        verdict.faster = verdict.speedup_low > 1.0 + verdict.aa_margin
+        if not verdict.faster:
+            verdict.reasons.append(
+                f"not faster beyond the A/A margin: {verdict.speedup:.4f}x, lower bound "
+                f"{verdict.speedup_low:.4f} <= 1 + {verdict.aa_margin:.4f}")
+
+
+def _outputs(verdict: ABVerdict, data: dict, margin: float) -> None:
+    outputs = data.get("outputs") or {}
+    free = outputs.get("free_running") or {}
+    forced = outputs.get("teacher_forced") or {}
+    reference = data.get("reference_tokens")
+    base_tokens = free.get("baseline")
+    report: dict = {"free_running": {}, "teacher_forced": {}}
+    for name, tokens in free.items():
+        report["free_running"][name] = {
+            "first_divergence_vs_baseline": (first_divergence(tokens, base_tokens)
+                                             if name != "baseline" and base_tokens else None),
+            "first_divergence_vs_reference": (first_divergence(tokens, reference)
+                                              if reference else None)}
+    for name, rec in forced.items():
+        errors = [e if e is not None else math.inf for e in rec["error"]]
+        report["teacher_forced"][name] = {"max_error": max(errors) if errors else math.nan,
+                                          "agreement": (sum(rec["agreement"]) / len(rec["agreement"])
+                                                        if rec["agreement"] else math.nan)}
+    verdict.outputs = report
+    tf = report["teacher_forced"]
+    if not {"baseline", "tuned"} <= set(tf):
+        verdict.outputs_ok = False
+        verdict.reasons.append("outputs not compared: no fp32 reference (run with --reference)")
+        return
+    settings = data.get("settings") or {}
+    one_token = 1.0 / max(1, int(settings.get("steps", 1)) * int(settings.get("batch", 1)))
+    aa_gap = abs(tf.get("aa", tf["baseline"])["agreement"] - tf["baseline"]["agreement"])
+    floor = max(2 * one_token, aa_gap)
+    base_err, tuned_err = tf["baseline"]["max_error"], tf["tuned"]["max_error"]
+    error_ratio = tuned_err / base_err if base_err > 0 else (1.0 if tuned_err == 0 else math.inf)
+    report["error_ratio"] = error_ratio
+    report["agreement_floor"] = floor
+    ok_error = error_ratio <= margin
+    ok_tokens = tf["tuned"]["agreement"] >= tf["baseline"]["agreement"] - floor
+    verdict.outputs_ok = ok_error and ok_tokens
+    if not ok_error:
+        verdict.reasons.append(f"logits error {tuned_err:.3g} is {error_ratio:.2f}x the baseline "
+                               f"arm's {base_err:.3g} (> {margin:g}x)")
+    if not ok_tokens:
+        verdict.reasons.append(
+            f"top-1 agreement with the fp32 reference {tf['tuned']['agreement']:.3f} < baseline "
+            f"{tf['baseline']['agreement']:.3f} - floor {floor:.3f}")
+
+
+def attribution_rows(tables: dict, projected: dict) -> tuple[list, dict]:
+    """Per shape (m, n, k): each arm's kernel time per step and kernels per call (from the
+    harvested graph replays of the arms), the measured and the projected saving.
+
+    `tables`: arm -> list of ShapeTable rows as dicts (op, family, m, n, k, calls_per_step,
+    us_per_call, kernels, step_us, step_gpu_us); `projected`: 'm=..,n=..,k=..' -> projected
+    saving µs per step. Returns (rows, residual) with residual: the step-time difference not in
+    these shapes, split into other kernels and idle / launch gaps."""
+    per: dict = {}
+    totals: dict = {}
+    for arm, rows in tables.items():
+        busy = wall = math.nan
+        attributed = 0.0
+        for r in rows:
+            if r.get("phase") not in (None, "decode", "other"):
+                continue
+            busy, wall = r.get("step_gpu_us", busy), r.get("step_us", wall)
+            if r.get("family") == "attention":
+                key = (f"attention b={r.get('batch')} h={r.get('heads')}/{r.get('kv_heads')} "
+                       f"kv={r.get('kv_len')} d={r.get('head_dim')}")
+            else:
+                key = f"m={r['m']},n={r['n']},k={r['k']}"
+            us = float(r.get("us_per_call") or 0.0) * float(r.get("calls_per_step") or 0.0)
+            kernels = [k for k in str(r.get("kernels") or "").split("; ") if k]
+            slot = per.setdefault(key, {}).setdefault(arm, {"us_per_step": 0.0, "calls": 0.0,
+                                                            "kernels": set()})
+            slot["us_per_step"] += us
+            slot["calls"] += float(r.get("calls_per_step") or 0.0)
+            slot["kernels"].update(kernels)
+            attributed += us
+        totals[arm] = {"busy_us": busy, "wall_us": wall, "attributed_us": attributed}
+    rows = []
+    for key, arms in per.items():
+        base, tuned = arms.get("baseline"), arms.get("tuned")
+        measured = (base["us_per_step"] - tuned["us_per_step"]) if base and tuned else math.nan
+        proj = projected.get(key, math.nan)
+        rows.append({
+            "shape": key, "calls_per_step": (base or tuned)["calls"],
+            "baseline_us": base["us_per_step"] if base else math.nan,
+            "tuned_us": tuned["us_per_step"] if tuned else math.nan,
+            "baseline_kernels": sorted(base["kernels"]) if base else [],
+            "tuned_kernels": sorted(tuned["kernels"]) if tuned else [],
+            "measured_saving_us": measured, "projected_saving_us": proj})
+    rows.sort(key=lambda r: -(r["baseline_us"] if math.isfinite(r["baseline_us"]) else 0.0))
+    residual = {}
+    if "baseline" in totals and "tuned" in totals:
+        b, t = totals["baseline"], totals["tuned"]
+        residual = {
+            "attributed_kernels_us": b["attributed_us"] - t["attributed_us"],
+            "other_kernels_us": (b["busy_us"] - b["attributed_us"]) - (t["busy_us"] - t["attributed_us"]),
+            "idle_and_launch_gaps_us": (b["wall_us"] - b["busy_us"]) - (t["wall_us"] - t["busy_us"]),
+            "baseline_step_wall_us": b["wall_us"], "tuned_step_wall_us": t["wall_us"]}
+    return rows, residual
+
+
+def decide(data: dict | None, *, label: str, crashed: str = "", tables: dict | None = None,
+           projected: dict | None = None, margin: float = DEFAULT_MARGIN) -> ABVerdict:
+    """The verdict of one A/B from its recorded measurement (module docstring)."""
+    verdict = ABVerdict(label=label, arms={}, crashed=crashed)
+    if crashed or data is None:
+        verdict.reasons.append(f"crashed: {crashed or 'no measurement'}")
+        return verdict
+    verdict.serving = data.get("serving") or {}
+    _timing(verdict, data.get("group_us") or {})
+    _outputs(verdict, data, margin)
+    if tables:
+        verdict.attribution, verdict.residual = attribution_rows(tables, projected or {})
+    if projected:
+        verdict.projected_us = sum(v for v in projected.values() if math.isfinite(v))
+    return verdict
+
+
+# ------------------------------------------------------------------------------------ printing
+def _f(value, fmt: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) \
+        else format(value, fmt)
+
+
+def summary_lines(v: ABVerdict) -> list[str]:
+    out = [f"A/B {v.label}"]
+    if v.crashed:
+        out.append(f"  CRASHED: {v.crashed}")
+        out.append("  verdict: FAIL (exit 3)")
+        return out
+    for name in ("baseline", "tuned", "aa"):
+        arm = v.arms.get(name)
+        if arm:
+            out.append(f"  {name:<8} {arm['median_us']:10.1f} us/step  (±{arm['spread_pct']:.2f}% "
+                       f"over {len(arm['groups'])} groups)")
+    out.append(f"  speedup  {_f(v.speedup, '.4f')}x [{_f(v.speedup_low, '.4f')}, "
+               f"{_f(v.speedup_high, '.4f')}]; A/A {_f(v.aa_ratio, '.4f')}x, margin "
+               f"±{_f(v.aa_margin, '.4f')}")
+    out.append(f"  saving   {_f(v.saving_us, '.1f')} us/step measured, "
+               f"{_f(v.projected_us, '.1f')} projected (measured/projected "
+               f"{_f(v.measured_over_projected, '.2f')})")
+    tf = (v.outputs or {}).get("teacher_forced") or {}
+    if tf:
+        parts = [f"{n} err {_f(r['max_error'], '.2e')} agree {_f(r['agreement'], '.3f')}"
+                 for n, r in tf.items()]
+        out.append("  outputs  teacher-forced vs fp32 reference: " + "; ".join(parts))
+    fr = (v.outputs or {}).get("free_running") or {}
+    if fr:
+        parts = [f"{n} vs baseline {r['first_divergence_vs_baseline'] or 'never'}, vs reference "
+                 f"{r['first_divergence_vs_reference'] or 'never'}" for n, r in fr.items()]
+        out.append("  greedy   first divergence (step): " + "; ".join(parts))
+    for row in v.attribution[:12]:
+        out.append(f"    {row['shape']:<40} x{row['calls_per_step']:<5g} base "
+                   f"{_f(row['baseline_us'], '8.1f')} tuned {_f(row['tuned_us'], '8.1f')} us/step, "
+                   f"saved {_f(row['measured_saving_us'], '7.1f')} (projected "
+                   f"{_f(row['projected_saving_us'], '.1f')})")
+    if v.residual:
+        r = v.residual
+        out.append(f"  residual attributed shapes {_f(r['attributed_kernels_us'], '.1f')} us, other "
+                   f"kernels {_f(r['other_kernels_us'], '.1f')} us, idle/launch gaps "
+                   f"{_f(r['idle_and_launch_gaps_us'], '.1f')} us")
+    verdict = "PASS (exit 0)" if v.exit_code == EXIT_PASS else "FAIL (exit 3)"
+    out.append(f"  verdict: {verdict}" + (": " + "; ".join(v.reasons) if v.reasons else ""))
+    return out
+
+
+def markdown(v: ABVerdict) -> str:
+    lines = [f"# A/B: {v.label}", ""]
+    if v.crashed:
+        return "\n".join(lines + [f"**Crashed:** {v.crashed}", "", "Verdict: FAIL (exit 3)", ""])
+    lines += ["| arm | µs/step | spread |", "|---|---:|---:|"]
+    for name in ("baseline", "tuned", "aa"):
+        arm = v.arms.get(name)
+        if arm:
+            lines.append(f"| {name} | {arm['median_us']:.1f} | ±{arm['spread_pct']:.2f}% |")
+    lines += ["", f"Speedup {_f(v.speedup, '.4f')}× [{_f(v.speedup_low, '.4f')}, "
+              f"{_f(v.speedup_high, '.4f')}], A/A {_f(v.aa_ratio, '.4f')}× (margin "
+              f"±{_f(v.aa_margin, '.4f')}). Saving {_f(v.saving_us, '.1f')} µs/step measured, "
+              f"{_f(v.projected_us, '.1f')} projected ({_f(v.measured_over_projected, '.2f')}).", ""]
+    tf = (v.outputs or {}).get("teacher_forced") or {}
+    if tf:
+        lines += ["| arm | max logits error vs fp32 | top-1 agreement |", "|---|---:|---:|"]
+        for name, r in tf.items():
+            lines.append(f"| {name} | {_f(r['max_error'], '.3e')} | {_f(r['agreement'], '.3f')} |")
+        lines.append("")
+    if v.attribution:
+        lines += ["| shape | calls/step | baseline µs | tuned µs | saved µs | projected µs | "
+                  "kernels (baseline → tuned) |", "|---|---:|---:|---:|---:|---:|---|"]
+        for r in v.attribution:
+            lines.append(f"| {r['shape']} | {r['calls_per_step']:g} | {_f(r['baseline_us'], '.1f')} | "
+                         f"{_f(r['tuned_us'], '.1f')} | {_f(r['measured_saving_us'], '.1f')} | "
+                         f"{_f(r['projected_saving_us'], '.1f')} | "
+                         f"{len(r['baseline_kernels'])} → {len(r['tuned_kernels'])} |")
+        lines.append("")
+    if v.residual:
+        r = v.residual
+        lines.append(f"Residual: attributed shapes {_f(r['attributed_kernels_us'], '.1f')} µs, other "
+                     f"kernels {_f(r['other_kernels_us'], '.1f')} µs, idle / launch gaps "
+                     f"{_f(r['idle_and_launch_gaps_us'], '.1f')} µs.")
+        lines.append("")
+    verdict = "PASS (exit 0)" if v.exit_code == EXIT_PASS else "FAIL (exit 3)"
+    lines.append(f"Verdict: {verdict}" + (": " + "; ".join(v.reasons) if v.reasons else ""))
+    return "\n".join(lines) + "\n"
