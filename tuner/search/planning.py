@@ -202,10 +202,7 @@ def study_plans(planned, family: str, profile, *, device_key: str | None = None,
     plans, skipped = [], []
     for r in planned.itertuples(index=False):
         shape = dict(r.shape)
-        if fam.name == "gemv":  # TODO(sm_count): one default_config signature; the lead removes this
-            default = fam.default_config(shape, backend, sm_count=sm_count)
-        else:
-            default = fam.default_config(shape, backend)
+        default = fam.default_config(shape, backend, sm_count=sm_count)
         plan = make_plan(family=family, shape=shape, shape_key=r.shape_key, device_key=dkey,
                          backend=backend, space=space, default_config=dict(default),
                          weight=float(r.weight), parity_mode=parity_mode,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -155,12 +156,14 @@ def _finite(x) -> bool:
 
 
 def _decide(trial, plan: StudyPlan, state, objective: Objective, started: Callable[[Any], None],
-            trials: int | None) -> Ending:
+            trials: int | None, worker: str | None) -> Ending:
     from optuna.trial import TrialState
 
     params = {name: trial.suggest_categorical(name, list(choices))
               for name, choices in plan.space.params.items()}
     config = full_config(plan.default_config, params)
+    if worker:
+        trial.set_user_attr("worker", worker)
     trial.set_user_attr("config", plain(config))
     started(trial)
     if not plan.space.allows(params, plan.shape):
@@ -181,16 +184,17 @@ def _decide(trial, plan: StudyPlan, state, objective: Objective, started: Callab
 
 def run_trial(study, plan: StudyPlan, state, objective: Objective,
               started: Callable[[Any], None] = lambda trial: None,
-              trials: int | None = None) -> tuple[int, Ending]:
+              trials: int | None = None, worker: str | None = None) -> tuple[int, Ending]:
     """One trial by ask and tell. `state`: the study as read before it (for the --trials cap);
-    `started(trial)` is called once the trial has claimed its config. Returns (number, ending)."""
+    `started(trial)` is called once the trial has claimed its config; `worker` names who runs it
+    (user attr ``worker``: host/supervisor pid/GPU). Returns (number, ending)."""
     import optuna
     from optuna.trial import TrialState
 
     trial = study.ask()
     with Heartbeat(study._storage, trial._trial_id):
         try:
-            ending = _decide(trial, plan, state, objective, started, trials)
+            ending = _decide(trial, plan, state, objective, started, trials, worker)
         except optuna.exceptions.UpdateFinishedTrialError:
             return trial.number, Ending("FAIL", "lost")  # failed meanwhile (stale, or the supervisor)
     told = study.tell(trial, ending.value if ending.state == "COMPLETE" else None,
@@ -274,6 +278,7 @@ def _loop(args: WorkerArgs, conn, stop_event) -> None:
     rng = random.Random(args.seed)
     plan, state, slice_end = None, None, 0.0
     parent = os.getppid()
+    worker = f"{socket.gethostname()}/{parent}/gpu{args.gpu}"
     while not stop_event.is_set() and (args.deadline is None or time.time() < args.deadline):
         if os.getppid() != parent:
             return  # the supervisor was killed: do not go on unsupervised
@@ -307,7 +312,7 @@ def _loop(args: WorkerArgs, conn, stop_event) -> None:
             fail_stale_trials(study)
         name = plan.study_name
         number, ending = run_trial(
-            study, plan, state, objective, trials=settings.trials,
+            study, plan, state, objective, trials=settings.trials, worker=worker,
             started=lambda t: conn.send(TrialStarted(args.slot, name, t.number, t._trial_id,
                                                      time.time())))
         streak[name] = 0 if ending.used_gpu else streak.get(name, 0) + 1

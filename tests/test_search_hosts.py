@@ -1,0 +1,187 @@
+"""Two supervisors on one PostgreSQL study set, as two hosts would run `tuner search` (issue 17).
+
+Each supervisor is its own process (its own session, as on another machine) owning half of the
+(fake) GPU ids; both run the same plans against the same PostgreSQL storage. The fake objective
+appends one line per *finished* measurement to FAKE_DONE_LOG, from whichever process ran it, so
+the test sees exactly what was measured where. Needs the PostgreSQL server (postgres_url).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tuner import search
+
+from test_search import ROOT, expected_best, pg, plans_for, state_counts, trials_of  # noqa: F401 - pg is a fixture
+
+pytestmark = pytest.mark.postgres
+
+SHAPES = ((1024, 2.0), (2048, 1.0), (3072, 1.0))
+
+_SUPERVISOR = """
+import json, sys
+sys.path[:0] = [{tests!r}, {root!r}]
+import test_search as t
+from tuner import search
+if __name__ == "__main__":
+    plans = t.plans_for({key!r}, shapes={shapes!r})
+    summary = search.run_search(plans, t.settings({url!r}, sampler={sampler!r}, trials={trials!r},
+                                                  gpus={gpus!r}))
+    print("SUMMARY " + json.dumps([[s.study_name, s.status, s.best_config, s.best_us, s.measured]
+                                   for s in summary.shapes]))
+"""
+
+
+def _start(url, key, gpus, env, sampler="grid", trials=None):
+    code = _SUPERVISOR.format(tests=str(ROOT / "tests"), root=str(ROOT), key=key, url=url,
+                              shapes=SHAPES, sampler=sampler, trials=trials, gpus=gpus)
+    return subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _summary(child, timeout=180):
+    out, err = child.communicate(timeout=timeout)
+    assert child.returncode == 0, err[-3000:]
+    line = [x for x in out.splitlines() if x.startswith("SUMMARY ")][-1]
+    return {name: (status, config, us, measured)
+            for name, status, config, us, measured in json.loads(line[len("SUMMARY "):])}
+
+
+def _measured(log) -> list[tuple[str, str]]:
+    if not log.exists():
+        return []
+    return [tuple(line.split("\t")[:2]) for line in log.read_text().splitlines()]
+
+
+def _all_trials(url, plans):
+    return {p.study_name: trials_of(url, p.study_name) for p in plans}
+
+
+def test_two_supervisors_share_one_postgres_search_and_survive_a_kill9(pg, tmp_path):
+    """Supervisor A (GPUs 0,1) and B (GPUs 2,3) start the same grid search at the same moment;
+    A is killed with kill -9 (its whole process group) in the middle of a trial and started
+    again while B goes on. Every valid config of every study is measured exactly once over the
+    whole night (the trial A was measuring is retried, not lost), the queue was seeded once,
+    nothing is left RUNNING, and both supervisors finish the same studies with the same best."""
+    url, key = pg
+    plans = plans_for(key, shapes=SHAPES)
+    log = tmp_path / "measured.tsv"
+    env = {**os.environ, "FAKE_SLEEP": "0.5", "FAKE_DONE_LOG": str(log)}
+    a = _start(url, key, ["0", "1"], env)
+    b = _start(url, key, ["2", "3"], env)
+    total = sum(p.n_valid for p in plans)
+    deadline = time.time() + 90
+    try:
+        while time.time() < deadline:
+            time.sleep(0.05)
+            if len(_measured(log)) < total // 4:
+                continue
+            now = time.time()
+            if any(_in_flight(t, a.pid) and 0.05 < now - t.datetime_start.timestamp() < 0.25
+                   for ts in _all_trials(url, plans).values() for t in ts):
+                break  # A is in the middle of measuring (each measurement takes 0.5 s)
+        os.killpg(a.pid, signal.SIGKILL)
+        a.wait(timeout=30)
+        victim = [(name, t) for name, ts in _all_trials(url, plans).items() for t in ts
+                  if _in_flight(t, a.pid)]
+        assert victim, "supervisor A had no trial in flight when it was killed"
+        a2 = _start(url, key, ["0", "1"], env)  # the same command again on "host A"
+        second, first = _summary(a2), _summary(b)
+    finally:
+        for child in (a, b):
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+
+    # Each config measured once. The one exception is what A was measuring when it died: if
+    # its measurement had finished but was not stored yet (the few ms between the objective's
+    # return and Optuna's tell), the retry measures it again; it is never lost.
+    measured = _measured(log)
+    by_study = _all_trials(url, plans)
+    killed = {(name, search.config_key(t.user_attrs["config"])) for name, t in victim}
+    assert set(measured) == {(p.study_name, k) for p in plans for k in p.valid_keys}
+    twice = {m for m in measured if measured.count(m) > 1}
+    assert twice <= killed and len(measured) <= total + len(killed), _twice(measured, by_study)
+    for plan in plans:  # in the storage: one trial stands for each config, a measured one
+        trials = by_study[plan.study_name]
+        state = search.read_state(trials, plan)
+        assert set(state.known) == set(plan.valid_keys)
+        ran = [search.config_key(t.user_attrs["config"]) for t in trials if _stored(t)]
+        assert sorted(ran) == sorted(plan.valid_keys), _twice(measured, by_study)
+    for plan in plans:
+        trials = by_study[plan.study_name]
+        assert state_counts(trials).get("RUNNING", 0) == 0, state_counts(trials)
+        assert [t.user_attrs.get("role") for t in trials].count("default") == 1
+        assert [t.user_attrs.get("role") for t in trials].count("grid") == plan.n_valid - 1
+        config, us = expected_best(plan)
+        for summary in (first, second):
+            assert summary[plan.study_name][:3] == ("exhausted", config, pytest.approx(us))
+    # what A was measuring when it was killed: failed by the heartbeat check, retried once
+    for name, lost in victim:
+        after = {t.number: t for t in by_study[name]}
+        assert after[lost.number].state.name == "FAIL"
+        retries = [t for t in after.values() if t.user_attrs.get("retry_of") == lost.number]
+        assert len(retries) == 1 and retries[0].user_attrs["config"] == lost.user_attrs["config"]
+        assert retries[0].state.name in ("COMPLETE", "FAIL")
+    hosts = {str(t.user_attrs.get("worker", "")).split("/")[1] for ts in by_study.values()
+             for t in ts if "worker" in t.user_attrs}
+    assert {str(a.pid), str(b.pid), str(a2.pid)} <= hosts  # all three supervisors measured
+
+
+def _in_flight(trial, supervisor_pid: int) -> bool:
+    """A trial a worker of this supervisor is measuring (it has claimed its config)."""
+    return (trial.state.name == "RUNNING" and "config" in trial.user_attrs
+            and f"/{supervisor_pid}/" in str(trial.user_attrs.get("worker", "")))
+
+
+def _stored(trial) -> bool:
+    """A trial whose measurement is stored: COMPLETE, or FAIL with a candidate's reason; not a
+    duplicate, a step-aside, an orphan or a trial whose worker vanished (no reason)."""
+    failure = str(trial.user_attrs.get("failure", ""))
+    if "duplicate_of" in trial.user_attrs or trial.state.name not in ("COMPLETE", "FAIL"):
+        return False
+    if trial.state.name == "FAIL":
+        return bool(failure) and not failure.startswith((search.SKIPPED, "worker died"))
+    return True
+
+
+def _twice(measured, by_study) -> str:
+    """The trials of each config measured more than once, for the failure message."""
+    lines = []
+    for study, config in {m for m in measured if measured.count(m) > 1}:
+        for t in by_study[study]:
+            if search.config_key(t.user_attrs.get("config") or {}) == config:
+                lines.append(f"{study} #{t.number} {t.state.name} start={t.datetime_start} "
+                             f"end={t.datetime_complete} " + json.dumps(
+                                 {k: v for k, v in t.user_attrs.items() if k != "config"}))
+    return "measured twice:\n" + "\n".join(lines)
+
+
+def test_two_supervisors_tpe_with_a_trials_cap_neither_overshoot_nor_repeat(pg, tmp_path):
+    """TPE with --trials 12 on both supervisors at once: each study gets exactly 12 measured
+    trials between them (the cap holds across hosts) and no config is measured twice."""
+    url, key = pg
+    plans = plans_for(key, shapes=SHAPES[:2])
+    log = tmp_path / "measured.tsv"
+    env = {**os.environ, "FAKE_SLEEP": "0.2", "FAKE_DONE_LOG": str(log)}
+    a = _start(url, key, ["0", "1"], env, sampler="tpe", trials=12)
+    b = _start(url, key, ["2", "3"], env, sampler="tpe", trials=12)
+    try:
+        first, second = _summary(a), _summary(b)
+    finally:
+        for child in (a, b):
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+    measured = [m for m in _measured(log) if m[0] in {p.study_name for p in plans}]
+    assert len(measured) == len(set(measured))
+    for plan in plans:
+        assert sum(1 for s, _ in measured if s == plan.study_name) == 12
+        assert first[plan.study_name][0] == second[plan.study_name][0] == "trials"
+        assert first[plan.study_name][3] == second[plan.study_name][3] == 12
+        assert first[plan.study_name][2] == second[plan.study_name][2]
