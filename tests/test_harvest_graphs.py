@@ -79,10 +79,17 @@ def plain_join(capture: Path, replay: Path) -> tuple[dict, float, float]:
     a launch belongs to the GEMM op (mm/addmm) that contains it."""
     cap, rep = load_events(capture), load_events(replay)
     runtime = [e for e in cap if e.get("cat") in ("cuda_runtime", "cuda_driver")]
-    begin = next(e["ts"] for e in runtime if "BeginCapture" in e["name"])
-    end = next(e["ts"] for e in runtime if "EndCapture" in e["name"])
-    launches = sorted((e for e in runtime if begin <= e["ts"] <= end and re.search(
+    launches = sorted((e for e in runtime if re.search(
         r"LaunchKernel|^cuLaunch|^(cuda|hip)Mem(cpy|set)", e["name"])), key=lambda e: e["ts"])
+    marks = [e["ts"] for e in runtime if "BeginCapture" in e["name"] or "EndCapture" in e["name"]]
+    if marks:
+        begin, end = min(marks), max(marks)
+    else:             # no capture markers: the captured launches are those that ran nothing
+        ran = {e["args"].get("correlation") for e in cap
+               if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")}
+        unrun = [e["ts"] for e in launches if e["args"]["correlation"] not in ran]
+        begin, end = min(unrun), max(unrun)
+    launches = [e for e in launches if begin <= e["ts"] <= end]
     gemms = [e for e in cap if e.get("cat") == "cpu_op" and e["name"] in GEMM_NAMES
              and begin <= e["ts"] <= end]
     gpu = [e for e in rep if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]

@@ -103,7 +103,8 @@ class GraphJoin:
 
 # ---------------------------------------------------------------------------------- the capture
 def capture_windows(raw: RawTrace) -> list[tuple]:
-    """(tid, begin ts, end ts) of each stream-capture window, in time order."""
+    """(tid, begin ts, end ts) of each stream-capture window (...BeginCapture .. ...EndCapture
+    on one thread), in time order."""
     begins: dict = {}
     windows = []
     for tid, ts, _ext, api in sorted(raw.runtimes.values(), key=lambda r: r[1]):
@@ -112,6 +113,20 @@ def capture_windows(raw: RawTrace) -> list[tuple]:
         elif END_CAPTURE_RE.search(api) and tid in begins:
             windows.append((tid, begins.pop(tid), ts))
     return windows
+
+
+def _unrun_launches_window(raw: RawTrace) -> list[tuple]:
+    """A trace without capture markers: one window over the launches that ran no GPU activity
+    (captured launches run nothing), on the thread that made most of them; [] if none."""
+    ran = {a[2] for a in raw.activities}
+    by_tid: dict = {}
+    for corr, (tid, ts, _ext, api) in raw.runtimes.items():
+        if corr not in ran and LAUNCH_RE.search(api):
+            by_tid.setdefault(tid, []).append(ts)
+    if not by_tid:
+        return []
+    tid, times = max(by_tid.items(), key=lambda item: len(item[1]))
+    return [(tid, min(times), max(times))]
 
 
 def _window_label(raw: RawTrace, tid, start: float, end: float, i: int) -> str:
@@ -126,6 +141,8 @@ def _window_label(raw: RawTrace, tid, start: float, end: float, i: int) -> str:
 def graphs_of_capture(path: Path, raw: RawTrace) -> list[CapturedGraph]:
     """The graphs one capture trace holds (one per capture window)."""
     windows = capture_windows(raw)
+    if not windows and not graph_launches(raw):   # a replay is no capture
+        windows = _unrun_launches_window(raw)
     if not windows:
         return []
     index = index_ops(raw.ops)
@@ -171,7 +188,8 @@ def read_captures(paths: list) -> list[CapturedGraph]:
         found = graphs_of_capture(p, raw)
         if not found:
             raise TunerError(f"{p}: no graph capture in it (no cudaStreamBeginCapture / "
-                             "hipStreamBeginCapture ... EndCapture): not a capture trace")
+                             "hipStreamBeginCapture ... EndCapture, no launch that ran nothing): "
+                             "not a capture trace")
         graphs.extend(found)
     return graphs
 
