@@ -10,6 +10,11 @@ Calls are wrapped in "prefill" / "decode" record_function ranges, as a serving l
         --save-trace shapes/examples/qwen25_05b_b4_live.pt.trace.json.gz \
         -o shapes/examples/qwen25_05b_b4_live.parquet
 
+It is also a `tuner ab` harness (docs/ab.md): `model`, `prefill()`, `decode()` (one step over a
+static KV cache, capturable as a graph) and `feed(tokens)`:
+
+    tuner ab shapes/examples/qwen_live.py:QwenDecode --batch 4
+
 Needs `transformers` (not a dependency of this project). On a machine without a GPU it runs on
 the CPU in float32; TUNER_QWEN_TINY=1 shrinks the model (2 layers, hidden 64) for a quick check.
 """
@@ -31,26 +36,30 @@ TINY = dict(QWEN25_05B, vocab_size=1024, hidden_size=64, intermediate_size=128,
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 
 
-def build_model(device: torch.device, dtype: torch.dtype, tiny: bool = False):
+def build_model(device: torch.device, dtype: torch.dtype, tiny: bool = False, seed: int = 0):
+    """Random weights from `seed`, made in fp32 and then cast: every dtype gets the same ones."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(**(TINY if tiny else QWEN25_05B))
     config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen2ForCausalLM(config)
-    return model.to(dtype=dtype).eval(), config
+    return model.to(dtype=dtype).eval().requires_grad_(False), config
 
 
 class QwenDecode:
     """First call: prefill of BATCH x PROMPT tokens; every later call: one greedy decode step."""
 
-    def __init__(self, batch: int = BATCH, prompt: int = PROMPT):
+    def __init__(self, batch: int = BATCH, prompt: int = PROMPT, steps: int = 32,
+                 dtype: torch.dtype | None = None, device=None, seed: int = 0):
         cuda = torch.cuda.is_available()
-        self.device = torch.device("cuda" if cuda else "cpu")
-        dtype = torch.bfloat16 if cuda else torch.float32
+        self.device = torch.device(device or ("cuda" if cuda else "cpu"))
+        dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
         tiny = os.environ.get("TUNER_QWEN_TINY") == "1"
-        self.model, self.config = build_model(self.device, dtype, tiny)
+        self.model, self.config = build_model(self.device, dtype, tiny, seed)
+        self._static = None  # the `tuner ab` harness over a static cache, made when first used
+        self._static_args = dict(batch=batch, prompt=prompt, steps=steps, seed=seed)
         # newer transformers call the KV cache argument `cache` (older: `past_key_values`)
         params = inspect.signature(self.model.forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -62,6 +71,23 @@ class QwenDecode:
         for _ in range(3):
             self()
         self.reset()
+
+    # ------------------------------------------------------------ the `tuner ab` harness
+    def _harness(self):
+        if self._static is None:
+            from tuner.ab.harness import HFDecode
+
+            self._static = HFDecode(self.model, **self._static_args)
+        return self._static
+
+    def prefill(self) -> torch.Tensor:
+        return self._harness().prefill()
+
+    def decode(self) -> torch.Tensor:
+        return self._harness().decode()
+
+    def feed(self, tokens: torch.Tensor) -> None:
+        self._harness().feed(tokens)
 
     def reset(self) -> None:
         self.cache = None

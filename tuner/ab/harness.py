@@ -66,6 +66,13 @@ class HFDecode:
 
     @torch.no_grad()
     def decode(self) -> torch.Tensor:
+        # transformers >= 5 keeps each layer's write position in a device counter it advances
+        # on every update: set it to this step's position first, so a step (and each replay of
+        # its graph) writes slot `position`, however often it runs
+        for layer in getattr(self.cache, "layers", ()):
+            length = getattr(layer, "cumulative_length", None)
+            if isinstance(length, torch.Tensor):
+                length.copy_(self.position.view(()))
         out = self.model(input_ids=self.tokens, past_key_values=self.cache,
                          cache_position=self.position, use_cache=True)
         return out.logits[:, -1, :]
