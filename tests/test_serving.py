@@ -68,23 +68,28 @@ def model_shapes() -> list[tuple[str, dict]]:
     return [("gemv", s) for s in gemv] + [("attention", att)]
 
 
-def write_export(root, entries) -> None:
-    """Accepted verdicts for (family, shape) entries with each family's default config."""
+def write_export(root, entries, identity: dict | None = None) -> None:
+    """Accepted verdicts for (family, shape[, config]) entries (default: the family's default
+    config), exported by tuner.export for `identity` (default: the faked H200)."""
+    identity = identity or IDENTITY
     studies = []
-    for family, shape in entries:
+    for entry in entries:
+        family, shape = entry[0], entry[1]
         fam = get_family(family)
+        config = entry[2] if len(entry) > 2 else fam.default_config(shape, identity["backend"])
         key = fam.shape_key(shape)
-        s = rank.StudyInfo(name=f"nvidia-h200:{family}:{key}", family=family, shape=shape,
-                           shape_key=key, device="nvidia-h200", calls_per_step=1.0,
+        s = rank.StudyInfo(name=f"{identity['key']}:{family}:{key}", family=family, shape=shape,
+                           shape_key=key, device=identity["key"], calls_per_step=1.0,
                            step_us=100.0, phase="decode")
-        c = rank.Candidate(config=fam.default_config(shape, "cuda"), search_us=4.0, trial=1)
+        c = rank.Candidate(config=config, search_us=4.0, trial=1)
         m = rank.Measured(config=c.config, parity=FACTS,
                           vs_baseline=rank.Pair(5.0, 4.0, 1.25, 1.23, 1.27, 0.5))
         studies.append((s, [(c, m)]))
     table = rank.decide(studies, threshold="0.1us")
     assert (table["decision"] == "accept").all()
-    for column, value in (("device_name", "NVIDIA H200"), ("arch", "sm90"), ("backend", "cuda"),
-                          ("torch", "2.11.0+cu130"), ("triton", "3.6.0"), ("fp_fusion", True),
+    for column, value in (("device_name", identity["name"]), ("arch", identity["arch"]),
+                          ("backend", identity["backend"]), ("torch", identity["torch"]),
+                          ("triton", identity["triton"]), ("fp_fusion", True),
                           ("measured_at", "2026-12-01T00:00:00+00:00")):
         table[column] = value
     table["kernel_hash"] = [get_family(f).source_hash() for f in table["family"]]

@@ -133,7 +133,7 @@ def _check_table(table: pd.DataFrame) -> None:
 
 
 def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold = DEFAULT_THRESHOLD,
-            hit_rate: float = 1.0, graph_captured: bool = False, min_kernel_us: float = 0.0,
+            hit_rate: float = 1.0, graph_captured: bool = False, min_kernel_us: float | None = None,
             baseline_us: pd.Series | None = None) -> pd.DataFrame:
     """The budget of every row of a ShapeTable on `profile`.
 
@@ -144,8 +144,8 @@ def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold
 
     `graph_captured=True` compares with the GPU-busy time of the step (`step_gpu_us`, about what
     the step takes once CUDA-graph captured) instead of its wall time (`step_us`).
-    `min_kernel_us` adds a fixed per-call floor (the shortest time any kernel takes on the
-    device, launch to finish); 0 keeps the pure bytes/flops floor.
+    `min_kernel_us` is a fixed per-call floor: the shortest time one kernel takes inside a graph
+    (None: the profile's measured `kernel_floor_us`; 0: the pure bytes/flops floor).
     `baseline_us` (aligned with `table`'s index; NaN = keep the trace's value) replaces the
     trace's `us_per_call`, e.g. with `measure_baselines`.
     """
@@ -153,6 +153,8 @@ def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold
     check_profile(profile)
     if not (is_number(hit_rate) and 0 < hit_rate <= 1):
         raise TunerError(f"the hit rate must be in (0, 1], got {hit_rate!r}")
+    if min_kernel_us is None:  # the device's measured cost of one kernel inside a graph
+        min_kernel_us = float(getattr(profile, "kernel_floor_us", 0.0) or 0.0)
     if not (is_number(min_kernel_us) and min_kernel_us >= 0):
         raise TunerError(f"the minimum kernel time must be >= 0 us, got {min_kernel_us!r}")
 

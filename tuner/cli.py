@@ -250,9 +250,10 @@ def _add_budget(sub) -> None:
     p.add_argument("--graph-captured", action="store_true",
                    help="compare with the step's GPU-busy time (the step under CUDA graphs) "
                    "instead of its wall time")
-    p.add_argument("--min-kernel-us", metavar="US", default="0",
-                   help="add a fixed floor per call: the shortest time any kernel takes on the "
-                   "device (default 0: bytes/flops floor only)")
+    p.add_argument("--min-kernel-us", metavar="US", default=None,
+                   help="the fixed floor of one call: the shortest time one kernel takes inside a "
+                   "graph on the device (default: the profile's measured kernel floor; 0: the "
+                   "bytes/flops floor only)")
     p.add_argument("--measure", action="store_true",
                    help="re-measure the baseline us per call on this machine's GPU")
     p.add_argument("-o", "--output", metavar="PATH",
@@ -270,7 +271,8 @@ def cmd_budget(args) -> int:
     threshold = parse_threshold(args.min_saving,
                                        safety=parse_positive(args.safety, "--safety"))
     hit_rate = parse_positive(args.hit_rate, "--hit-rate")
-    min_kernel_us = parse_positive(args.min_kernel_us, "--min-kernel-us", allow_zero=True)
+    min_kernel_us = (None if args.min_kernel_us is None else
+                     parse_positive(args.min_kernel_us, "--min-kernel-us", allow_zero=True))
     table = shapetable.read(args.shapes)
     if args.phase != "all":
         present = sorted(table["phase"].dropna().unique())

@@ -37,6 +37,9 @@ class DeviceProfile:
     measured_at: str = ""  # ISO time, empty for spec profiles
     is_dcu: bool = False
     notes: dict = field(default_factory=dict)  # how the numbers were measured (method, sizes)
+    # The fixed cost of one kernel inside a CUDA/HIP graph (launch, the smallest execution and
+    # the gap to the next kernel): no call of a kernel can take less. 0: not measured.
+    kernel_floor_us: float = 0.0
 
     @property
     def key(self) -> str:
@@ -361,6 +364,33 @@ def measure_matmul_rate(size: int = 8192, repeats: int = 20) -> dict:
             "method": "median of %d event-timed torch.matmul bf16 %d^3" % (repeats, size)}
 
 
+def measure_kernel_floor(kernels: int = 400, repeats: int = 20) -> dict:
+    """µs per kernel of a CUDA/HIP graph of `kernels` back-to-back one-element Triton kernels:
+    what one kernel costs inside a graph when it does (almost) nothing."""
+    import triton
+    import triton.language as tl
+
+    torch = _require_gpu()
+
+    @triton.jit
+    def touch(ptr):
+        tl.store(ptr + tl.program_id(0), 1.0)
+
+    buf = torch.zeros(1, device="cuda", dtype=torch.float32)
+    touch[(1,)](buf)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(kernels):
+            touch[(1,)](buf)
+    from .timing import median, time_events
+
+    per_kernel = median(time_events(graph.replay, repeats, warmup=2)) / kernels
+    return {"us": per_kernel, "kernels": kernels,
+            "method": f"median of {repeats} event-timed replays of a graph of {kernels} "
+                      "one-element Triton kernels"}
+
+
 def measure(device: int | None = None, buffer_bytes: int = 4 << 30,
             matmul_size: int = 8192) -> DeviceProfile:
     """Detect the visible GPU and measure its read bandwidth and bf16 matmul rate."""
@@ -373,6 +403,7 @@ def measure(device: int | None = None, buffer_bytes: int = 4 << 30,
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     bandwidth = measure_read_bandwidth(buffer_bytes)
     matmul = measure_matmul_rate(matmul_size)
+    floor = measure_kernel_floor()
     info = versions()
     info["gcn_arch_name"] = str(getattr(props, "gcnArchName", "") or "")
     info["total_memory"] = int(getattr(props, "total_memory", 0) or 0)
@@ -383,7 +414,8 @@ def measure(device: int | None = None, buffer_bytes: int = 4 << 30,
         source="measured",
         versions=info,
         measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        notes={"read_bandwidth": bandwidth, "matmul": matmul},
+        notes={"read_bandwidth": bandwidth, "matmul": matmul, "kernel_floor": floor},
+        kernel_floor_us=floor["us"],
     )
 
 
@@ -406,6 +438,8 @@ def describe(profile: DeviceProfile) -> str:
         f"L2 {profile.l2_bytes / 2**20:.1f} MiB",
         f"bandwidth  {profile.read_bandwidth_bytes_per_s / 1e12:.3f} TB/s read ({profile.source})",
         f"matmul     {profile.bf16_matmul_flops_per_s / 1e12:.1f} TFLOP/s bf16 ({profile.source})",
+        f"kernel     {profile.kernel_floor_us:.2f} us per kernel inside a graph ({profile.source})"
+        if profile.kernel_floor_us else "kernel     floor per kernel not measured",
     ]
     rb = (profile.notes or {}).get("read_bandwidth") or {}
     if {"triton_stream_bytes_per_s", "torch_sum_bytes_per_s", "buffer_bytes"} <= set(rb):

@@ -1,0 +1,143 @@
+"""Graph safety on the GPU: every family's kernels through tuner.serving, captured in a CUDA/HIP
+graph and replayed many times, against the same model run eagerly (marker `gpu`).
+
+Includes the batch-32 gemm set that once crashed the replay of a captured decode step with a
+segmentation fault (one config with TMA=1 and SPLIT_K=2, others TMA=0 with SPLIT_K 1 and 8).
+Each case runs in a child process, so a segfault fails the test instead of killing pytest.
+Run on a GPU machine with: TRITON_INTERPRET=0 python3 -m pytest -m gpu tests/test_serving_gpu.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parent.parent
+
+# Qwen3-8B-shaped decode linears (in -> out), the one crashing set of batch-32 configs
+LINEARS = [(4096, 4096), (4096, 12288), (12288, 4096), (4096, 1024)]  # chained: out -> next in
+GEMM_CONFIGS = [
+    {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 2, "TMA": 1,
+     "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 1, "TMA": 0,
+     "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "SPLIT_K": 8, "TMA": 0,
+     "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "SPLIT_K": 8, "TMA": 1,
+     "num_warps": 4, "num_stages": 4},
+]
+
+CHILD = r'''
+import json, sys, torch
+sys.path.insert(0, sys.argv[1] + "/tests")
+from torch import nn
+from tuner import runtime, serving
+from test_serving import write_export
+req = json.loads(sys.argv[2])
+ident = runtime.current_identity()
+torch.manual_seed(0)
+layers = [nn.Linear(i, o, bias=False) for i, o in req["linears"]]
+model = nn.Sequential(*layers).to("cuda", torch.bfloat16).eval().requires_grad_(False)
+entries = []
+for (i, o), config in zip(req["linears"], req["configs"]):
+    shape = {"m": req["m"], "n": o, "k": i, "dtype": "bfloat16"}
+    if req["family"] == "gemm":
+        shape["layout"] = "NT"
+    entries.append([req["family"], shape] + ([config] if config else []))
+write_export(req["root"], entries, identity=ident)
+x = torch.randn(req["m"], req["linears"][0][0], device="cuda", dtype=torch.bfloat16)
+with torch.no_grad():
+    eager = model(x)
+    with serving.installed(model, export_dir=req["root"] + "/" + ident["key"]) as handle:
+        tuned_eager = model(x)
+        handle.warmup(lambda: model(x))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(x)
+        hits = handle.hits()
+    for _ in range(req["replays"]):
+        graph.replay()
+    torch.cuda.synchronize()
+err = float((out.float() - eager.float()).norm() / eager.float().norm())
+print(json.dumps({"hits": hits, "rel_err": err,
+                  "bitwise_graph_vs_eager": bool(torch.equal(out, tuned_eager))}))
+'''
+
+
+def run_case(tmp_path, family: str, m: int, configs: list) -> dict:
+    request = {"root": str(tmp_path / "export"), "family": family, "m": m,
+               "linears": LINEARS[:len(configs)], "configs": configs, "replays": 200}
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), json.dumps(request)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, f"replay child died ({proc.returncode}): {proc.stderr[-2000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _gpu_or_skip():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA or ROCm GPU")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("run the GPU tests compiled: TRITON_INTERPRET=0 python3 -m pytest -m gpu")
+
+
+def test_the_batch_32_gemm_set_captures_and_replays(tmp_path):
+    _gpu_or_skip()
+    result = run_case(tmp_path, "gemm", 32, GEMM_CONFIGS)
+    assert sum(result["hits"]["gemm"].values()) == len(GEMM_CONFIGS)
+    assert result["bitwise_graph_vs_eager"], result  # the replay computes what eager did
+    assert result["rel_err"] < 2e-2, result
+
+
+@pytest.mark.parametrize("m", [1, 4, 8])
+def test_gemv_captures_and_replays(tmp_path, m):
+    _gpu_or_skip()
+    result = run_case(tmp_path, "gemv", m, [None] * len(LINEARS))
+    assert sum(result["hits"]["gemv"].values()) == len(LINEARS)
+    assert result["bitwise_graph_vs_eager"] and result["rel_err"] < 2e-2, result
+
+
+ATTENTION_CHILD = r'''
+import json, sys, torch
+sys.path.insert(0, sys.argv[1] + "/tests")
+import torch.nn.functional as F
+from torch import nn
+from tuner import runtime, serving
+from test_serving import write_export
+ident = runtime.current_identity()
+shape = {"batch": 8, "heads": 32, "kv_heads": 8, "kv_len": 4096, "head_dim": 128, "dtype": "bfloat16"}
+write_export(sys.argv[2], [["attention", shape]], identity=ident)
+q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(8, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
+v = torch.randn_like(k)
+model = nn.Identity()
+eager = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+with serving.installed(model, export_dir=sys.argv[2] + "/" + ident["key"], families=("attention",)) as h:
+    step = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    h.warmup(step)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    hits = h.hits()
+for _ in range(200):
+    graph.replay()
+torch.cuda.synchronize()
+print(json.dumps({"hits": hits, "rel_err": float((out.float() - eager.float()).norm() / eager.float().norm())}))
+'''
+
+
+def test_decode_attention_captures_and_replays(tmp_path):
+    _gpu_or_skip()
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", ATTENTION_CHILD, str(ROOT), str(tmp_path / "e")],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sum(result["hits"]["attention"].values()) == 1 and result["rel_err"] < 2e-2, result
