@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "Dialect", "KINETO", "KINETO_2021", "DIALECTS", "CATEGORY_KINDS",
-    "GEMM_CORE", "GEMM_WRAPPERS", "GEMM_OPS", "ATTN_BHLD", "ATTN_BLHD", "ATTN_NAME_RE",
+    "GEMM_CORE", "GEMM_WRAPPERS", "GEMM_OPS", "LINEAR_OPS", "ATTN_BHLD", "ATTN_BLHD", "ATTN_NAME_RE",
     "StepMarker", "STEP_MARKERS", "PHASE_WORDS", "ANNOTATION_PREFIXES",
     "DTYPES", "TRACE_SUFFIXES", "RANK_RE", "GPU_NAME_RE", "LAUNCH_BOUND", "UNATTRIBUTED_WARN",
 ]
@@ -68,7 +68,10 @@ CATEGORY_KINDS: dict = {cat: (d, kind) for d in DIALECTS for cat, kind in d.cate
 
 # ---------------------------------------------------------------------------------------- op sets
 GEMM_CORE = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm"})
-GEMM_WRAPPERS = frozenset({"aten::linear", "aten::matmul"})
+# tuner::linear is tuner.serving's custom op (input [..., k], weight [n, k], like aten::linear):
+# a tuned call runs Triton kernels directly under it; a miss runs aten::linear inside it.
+LINEAR_OPS = frozenset({"aten::linear", "tuner::linear"})
+GEMM_WRAPPERS = frozenset({"aten::matmul"}) | LINEAR_OPS
 GEMM_OPS = GEMM_CORE | GEMM_WRAPPERS
 
 # Attention ops whose q/k are [batch, heads, len, head_dim].
@@ -81,6 +84,7 @@ ATTN_BHLD = frozenset({
     "aten::_scaled_dot_product_attention_math",
     "aten::_scaled_dot_product_fused_attention_overrideable",
     "aten::_cudnn_attention_forward",
+    "tuner::decode_attention",  # tuner.serving's custom op (q [batch, heads, 1, head_dim])
 })
 # Attention ops whose q/k are [batch, len, heads, head_dim] (or [tokens, heads, head_dim] varlen).
 ATTN_BLHD = frozenset({

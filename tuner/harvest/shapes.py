@@ -84,7 +84,7 @@ def gemm_shape(op: Op) -> dict | None:
     da, db = _input(dims, a), _input(dims, b)
     if da is None or db is None:
         return None
-    if name == "aten::linear":
+    if name in config.LINEAR_OPS:
         # input [..., k], weight [n, k]: B is the transposed view of the weight
         if len(da) < 1 or len(db) != 2:
             return None
