@@ -84,12 +84,12 @@ def replay_tpe(plan, table, n_budget, seed, target):
         config = {**plan.default_config, **params}
         key = search.config_key(config)
         if not plan.space.allows(params, plan.shape):
-            search._set_constraints(trial, space=1.0, parity=0.0)
+            search.set_constraints(trial, space=1.0, parity=0.0)
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             streak += 1
         elif key in seen or key not in table:
             entry = table.get(key)
-            search._set_constraints(trial, space=0.0,
+            search.set_constraints(trial, space=0.0,
                                     parity=0.0 if entry and entry["feasible"] else 1.0)
             if entry and entry["value"] is not None:
                 study.tell(trial, entry["value"])
@@ -101,7 +101,7 @@ def replay_tpe(plan, table, n_budget, seed, target):
             measured += 1
             streak = 0
             entry = table[key]
-            search._set_constraints(trial, space=0.0, parity=0.0 if entry["feasible"] else 1.0)
+            search.set_constraints(trial, space=0.0, parity=0.0 if entry["feasible"] else 1.0)
             if entry["value"] is None:
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
             else:

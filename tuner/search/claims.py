@@ -31,9 +31,9 @@ clocks. The seven rules, each implemented once, here:
 5. **Retry of dead workers' trials** (`fail_trial`, `retry_stale_trial`, `maybe_retry`): a trial
    whose worker died (crash, kill -9, Ctrl-C twice: the supervisor records ``worker died (...)``
    or ``interrupted: ...``) or vanished with its host (heartbeat older than the grace period:
-   Optuna fails it, no reason recorded) is FAIL, counted as measured, and its config is enqueued
-   once more (``retry_of``), unless that config already killed MAX_DEATHS_PER_CONFIG workers
-   (then the FAIL stands for it). A hang past ``--trial-timeout`` is FAIL ``timeout: ...`` and
+   Optuna fails it, no reason recorded) is FAIL, not counted, and its config is enqueued once
+   more (``retry_of``), unless that config already killed MAX_DEATHS_PER_CONFIG workers (then
+   that FAIL stands for the config and counts). A hang past ``--trial-timeout`` is FAIL ``timeout: ...`` and
    not retried: it costs a whole timeout.
 6. **Orphans** (`fail_orphans`): a RUNNING trial with no config, older than the grace period, is
    a worker that died between creating the trial and its first heartbeat (Optuna's heartbeat
@@ -169,10 +169,9 @@ def read_state(trials, plan: StudyPlan, now: float | None = None) -> StudyState:
                 continue  # no GPU time: stepped aside or back, never started, or replayed
             if is_death(t):
                 deaths[key] = deaths.get(key, 0) + 1
-                if deaths[key] >= MAX_DEATHS_PER_CONFIG:
-                    state.known.setdefault(key, t)
-            else:
-                state.known.setdefault(key, t)
+                if deaths[key] < MAX_DEATHS_PER_CONFIG:
+                    continue  # retried (rule 5): the retry is the measurement that counts
+            state.known.setdefault(key, t)
             state.failed += 1
             state.measured += 1
             reason = reason or "worker lost (heartbeat stale)"
