@@ -127,7 +127,7 @@ def test_fp8_unified_attention_and_paged_decode(custom):
 
 # -------------------------------------------------------------------------- decode kv buckets
 def test_decode_attention_rows_are_bucketed_by_kv_len(tmp_path):
-    """12 decode steps with another KV length each (1000 + 37 * step), 2 attention calls per
+    """12 decode steps with another KV length each (1000 + 13 step^2 + 7 (step % 3)), 2 calls per
     step: at most MAX_KV_ROWS rows whose calls per step add up to 2, each row's kv_len a KV
     length seen, and every call in the row nearest its KV length (the loader's rule)."""
     res = harvest.harvest([FIXTURES / "sglang_decode_many_kv.pt.trace.json.gz"], quiet=True)
@@ -156,21 +156,44 @@ def test_decode_attention_rows_are_bucketed_by_kv_len(tmp_path):
             [5.0 + kv / 1000 for kv in kvs for _ in range(2)]))
 
 
-def test_runtime_nearest_rule_is_the_buckets_rule():
-    """tuner.runtime picks the nearest exported kv_len, the smaller on a tie; kv_buckets puts a
-    call in the row of the nearest kv_len with the same tie rule."""
-    import inspect
-
+def test_the_loader_serves_each_call_from_the_row_that_counted_it(monkeypatch):
+    """Export one config per bucketed row (shaped as kernels.attention.shape_from_row reads the
+    row), load them into tuner.runtime as its loader does, and look each call's real KV length
+    up: the nearest-kv_len lookup lands on the row whose calls include that call."""
+    import kernels.attention as family
     from tuner import runtime
 
-    assert "kv_len" in runtime.NEAREST_KEYS
-    assert "abs(item[0] - value), item[0]" in inspect.getsource(runtime.resolve)
+    res = harvest.harvest([FIXTURES / "sglang_decode_many_kv.pt.trace.json.gz"], quiet=True)
+    att = res.table[res.table.family == "attention"]
+    loaded = runtime.LoadedExport("attention", None, "loaded")
+    for r in att.itertuples():
+        shape = family.shape_from_row(att.loc[r.Index])
+        assert shape is not None and shape["kv_len"] == r.kv_len
+        config = {"row_kv_len": int(r.kv_len)}
+        loaded.entries[runtime.shape_tuple(shape)] = (f"kv{r.kv_len}", config)
+        rest = runtime.shape_tuple({k: v for k, v in shape.items() if k != "kv_len"})
+        loaded.by_rest.setdefault(rest, []).append((shape["kv_len"], f"kv{r.kv_len}", config))
+    monkeypatch.setitem(runtime._LOADED, "attention", loaded)
+    counted: dict = {}
+    for c in res.traces[0].calls:
+        if c.family != "attention":
+            continue
+        shape = {"batch": c.batch, "heads": c.heads, "kv_heads": c.kv_heads, "kv_len": c.kv_len,
+                 "head_dim": c.head_dim, "dtype": c.dtype}
+        config, _key = runtime.resolve("attention", shape)
+        counted[config["row_kv_len"]] = counted.get(config["row_kv_len"], 0) + 1
+    assert counted == {int(r.kv_len): int(r.calls) for r in att.itertuples()}
+
+
+def test_kv_buckets_keep_few_lengths_and_follow_the_nearest_rule():
     buckets = table_module.kv_buckets(list(range(100, 300)) + [1000] * 50, max_rows=3)
     reps = sorted(set(buckets.values()))
     assert len(reps) == 3 and 1000 in reps
     for kv, rep in buckets.items():
         assert rep == min(reps, key=lambda r: (abs(r - kv), r))
     assert table_module.kv_buckets([5, 6, 7]) == {5: 5, 6: 6, 7: 7}
+    # a tie goes to the smaller KV length, as in the loader
+    assert table_module.kv_buckets([10, 10, 15, 20, 20], max_rows=2) == {10: 10, 15: 10, 20: 20}
 
 
 # ------------------------------------------------------------------------------- not a trace

@@ -1,4 +1,4 @@
-"""CUDA-graph capture + replay trace pairs for tests/test_harvest_graphs.py (run on the GPU machine).
+"""CUDA-graph capture + replay trace pairs for tests/test_harvest_graphs.py (on the GPU machine).
 
     PYTHONPATH=$PWD python3 scripts/gpu/capture_pairs.py --out DIR [--steps 5]
 
