@@ -375,7 +375,8 @@ def test_live_profiles_a_callable(capsys, tmp_path):
                            "--steps", "3", "--save-trace", saved, "-o", tmp_path / "l.parquet")
     assert rc == 0 and saved.exists()
     df = shapetable.read(tmp_path / "l.parquet")
-    assert set(df[df.phase == "prefill"].steps) == {1} and set(df[df.phase == "decode"].steps) == {2}
+    assert set(df[df.phase == "prefill"].steps) == {1}
+    assert set(df[df.phase == "decode"].steps) == {2}
     assert row(df, phase="prefill", op="aten::addmm", n=32).m == 32
     assert "ProfilerStep#N markers" in out
     rc, _, err = run_cli(capsys, "--live", "no_such_module_xyz:f", "--steps", "1")

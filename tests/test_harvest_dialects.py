@@ -98,6 +98,21 @@ def test_device_name_missing_and_given(shared_traces, capsys, tmp_path):
     assert device == {"AMD Instinct MI300X"} and spec_key_for(device.pop()) == "mi300x"
 
 
+def test_device_name_from_the_metadata_labels(tmp_path):
+    """No name in deviceProperties, but the GPU process label names the model."""
+    trace = json.loads(gzip.open(FIXTURES / "vllm_piecewise_replay.pt.trace.json.gz").read())
+    trace["traceEvents"] += [
+        {"ph": "M", "name": "process_labels", "pid": 0, "tid": 0, "args": {"labels": "GPU 0"}},
+        {"ph": "M", "name": "process_name", "pid": 0, "tid": 0,
+         "args": {"name": "AMD Instinct MI300X"}}]
+    path = tmp_path / "labelled.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+    [t] = harvest.harvest([path], quiet=True,
+                          capture=[FIXTURES / "vllm_piecewise_capture.pt.trace.json.gz"]).traces
+    assert t.device == "AMD Instinct MI300X" and t.device_known
+
+
 # --------------------------------------------------------------------------- custom attention
 @pytest.fixture(scope="module")
 def custom():

@@ -41,6 +41,7 @@ LAUNCH_RE = re.compile(r"LaunchKernel|LaunchCooperativeKernel|^cuLaunch"
 GRAPH_LAUNCH_RE = re.compile(r"GraphLaunch")
 BEGIN_CAPTURE_RE = re.compile(r"BeginCapture")
 END_CAPTURE_RE = re.compile(r"EndCapture")
+CAPTURE_MARK_RE = re.compile(r"BeginCapture|EndCapture")
 
 
 _API_COPY_RE = re.compile(r"^(?:cuda|hip|cu)Mem(cpy|set)")
@@ -102,15 +103,27 @@ class GraphJoin:
 
 
 # ---------------------------------------------------------------------------------- the capture
+def _runtimes_named(raw: RawTrace, pattern: re.Pattern) -> list[tuple]:
+    """(correlation, tid, ts) of the runtime calls whose name matches, in time order. The names
+    are few and interned, so each is matched once."""
+    names = {api for _tid, _ts, _ext, api in raw.runtimes.values()}
+    wanted = {api for api in names if pattern.search(api)}
+    if not wanted:
+        return []
+    return sorted(((corr, tid, ts) for corr, (tid, ts, _ext, api) in raw.runtimes.items()
+                   if api in wanted), key=lambda r: r[2])
+
+
 def capture_windows(raw: RawTrace) -> list[tuple]:
     """(tid, begin ts, end ts) of each stream-capture window (...BeginCapture .. ...EndCapture
     on one thread), in time order."""
     begins: dict = {}
     windows = []
-    for tid, ts, _ext, api in sorted(raw.runtimes.values(), key=lambda r: r[1]):
+    for _corr, tid, ts in _runtimes_named(raw, CAPTURE_MARK_RE):
+        api = raw.runtimes[_corr][3]
         if BEGIN_CAPTURE_RE.search(api):
             begins[tid] = ts
-        elif END_CAPTURE_RE.search(api) and tid in begins:
+        elif tid in begins:
             windows.append((tid, begins.pop(tid), ts))
     return windows
 
@@ -197,8 +210,7 @@ def read_captures(paths: list) -> list[CapturedGraph]:
 # ----------------------------------------------------------------------------------- the replay
 def graph_launches(raw: RawTrace) -> dict:
     """{correlation: (tid, ts)} of the replay's graph launches."""
-    return {corr: (tid, ts) for corr, (tid, ts, _ext, api) in raw.runtimes.items()
-            if GRAPH_LAUNCH_RE.search(api)}
+    return {corr: (tid, ts) for corr, tid, ts in _runtimes_named(raw, GRAPH_LAUNCH_RE)}
 
 
 def _matches(graph: CapturedGraph, kinds: list, names: list) -> bool:

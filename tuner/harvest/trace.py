@@ -128,8 +128,9 @@ def _read_trace(path: Path, steps: int | None, graphs: list, device_name: str | 
                      "(e.g. a matrix-vector matmul) are skipped")
     if not call_of_op and not joining:
         raise TunerError(f"{path}: no GEMM or attention call with a usable shape")
-    if not graphs and capture_windows(raw):
-        notes.append(f"it holds {len(capture_windows(raw))} CUDA/HIP-graph capture(s): their calls "
+    windows = [] if graphs else capture_windows(raw)
+    if windows:
+        notes.append(f"it holds {len(windows)} CUDA/HIP-graph capture(s): their calls "
                      "ran no kernels here; pass this trace with --capture beside the replay trace "
                      "to give them the replay's GPU times")
 
