@@ -339,9 +339,10 @@ def test_budget_cli_empty_table_and_bad_rows(tmp_path, capsys):
     empty = shapetable.write(shapetable.empty(), tmp_path / "empty.parquet")
     code, _, err = run_cli(capsys, "budget", str(empty), "--device", "h200")
     assert_one_line_error(code, err, "nothing to budget")
-    negative = shapetable.write(table(gemm_row(us_per_call=-5.0)), tmp_path / "neg.parquet")
+    negative = tmp_path / "neg.parquet"
+    pd.DataFrame([gemm_row(us_per_call=-5.0)]).to_parquet(negative)  # shapetable.write refuses it
     code, _, err = run_cli(capsys, "budget", str(negative), "--device", "h200")
-    assert_one_line_error(code, err, "negative us_per_call")
+    assert_one_line_error(code, err, "column 'us_per_call', row 0: -5.0 is negative")
     code, _, err = run_cli(capsys, "budget", str(tmp_path / "missing.parquet"), "--device", "h200")
     assert_one_line_error(code, err, "not found")
 

@@ -16,6 +16,7 @@ from kernels import get_family  # noqa: E402
 from tuner import export, rank, runtime  # noqa: E402
 from tuner.cli import main  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
+from tuner.spaces import space_for  # noqa: E402
 from tuner.parity import ParityFacts  # noqa: E402
 
 GEMV = get_family("gemv")
@@ -25,9 +26,10 @@ STEP_US = 2198.0
 
 
 def tuned(shape: dict, rows: int) -> dict:
-    config = dict(GEMV.default_config(shape, "cuda"))
-    config["ROWS_PER_BLOCK"] = rows
-    return config
+    """A config of the gemv cuda space for `shape` with ROWS_PER_BLOCK = rows (the loader drops
+    configs the space does not allow)."""
+    configs = [c for c in space_for("gemv", "cuda").configs(shape) if c["ROWS_PER_BLOCK"] == rows]
+    return min(configs, key=lambda c: sorted(c.items()))
 
 
 # recorded parity facts of a candidate in the default config's class, as accurate as torch
@@ -202,7 +204,9 @@ def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
     def broken_fsync(fd):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(export.os, "fsync", broken_fsync)
+    from tuner import tables
+
+    monkeypatch.setattr(tables.os, "fsync", broken_fsync)
     with pytest.raises(OSError):
         export.atomic_write_json(target, {"configs": {"new": 2}})
     assert target.read_bytes() == before
@@ -264,7 +268,9 @@ def test_linear_uses_the_export_under_the_interpreter(loader):
     from tuner import serving
 
     shape = {"m": 2, "n": 40, "k": 64, "dtype": "bfloat16"}
-    config = {"ROWS_PER_BLOCK": 4, "BLOCK_K": 32, "SPLIT_K": 2, "num_warps": 1, "num_stages": 1}
+    config = {"ROWS_PER_BLOCK": 4, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 1, "num_stages": 1,
+              "USE_DOT": 0}
+    assert space_for("gemv", "cuda").check(config, shape) == ""
     table = verdicts([(2, 40, 64, 4, 0.5)])
     table["config"] = json.dumps(config, sort_keys=True, separators=(",", ":"))
     export.export(table, out_root=loader)

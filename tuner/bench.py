@@ -257,34 +257,89 @@ def aa_noise(family, shape: dict, config="baseline", *, cache: str = "cold", dev
 
 
 # ---------------------------------------------------------------------------- `tuner bench` API
-def parse_shape(text: str, dtype: str | None = None) -> dict:
-    """'m=1,n=14336,k=5120[,dtype=bfloat16]' -> {'m': 1, 'n': 14336, 'k': 5120, 'dtype': ...}."""
+def _pairs(text: str, what: str, example: str) -> list[tuple[str, str]]:
+    """'a=1,b=2' -> [('a', '1'), ('b', '2')]; a TunerError for an empty text, an item without
+    '=', an empty key or value, or a key given twice."""
+    items = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not items:
+        raise TunerError(f"{what} {text!r} is empty: give KEY=VALUE items, e.g. {example}")
+    pairs, seen = [], set()
+    for part in items:
+        key, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or not key or not value:
+            raise TunerError(f"{what} item {part!r} is not KEY=VALUE (e.g. {example})")
+        if key in seen:
+            raise TunerError(f"{what}: {key} is given twice")
+        seen.add(key)
+        pairs.append((key, value))
+    return pairs
+
+
+def parse_shape(text: str, dtype: str | None = None, family: str | None = None) -> dict:
+    """'m=1,n=14336,k=5120[,dtype=bfloat16]' -> {'m': 1, 'n': 14336, 'k': 5120, 'dtype': ...}.
+
+    Sizes must be positive integers, dtype one the kernels serve, layout NT or NN; the keys must
+    be a family's shape dict (docs/interfaces.md): `family`'s, else that of the family whose keys
+    it matches (a TunerError names what is missing or unknown)."""
+    from .spaces import SHAPE_KEYS, check_shape
+
+    example = "m=1,n=4096,k=4096"
     shape: dict = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        if "=" not in part:
-            raise TunerError(f"shape item {part!r} is not KEY=VALUE (e.g. m=1,n=4096,k=4096)")
-        key, value = (s.strip() for s in part.split("=", 1))
-        shape[key] = int(value) if value.lstrip("-").isdigit() else value
+    for key, value in _pairs(text, "--shape", example):
+        if key in ("dtype", "layout"):
+            shape[key] = value
+            continue
+        try:
+            number = int(value)
+        except ValueError:
+            raise TunerError(f"--shape: {key}={value!r} is not an integer") from None
+        if number < 1 and key != "bias":
+            raise TunerError(f"--shape: {key}={value} must be a positive size")
+        shape[key] = number
     if dtype:
         shape["dtype"] = dtype
     shape.setdefault("dtype", "bfloat16")
-    return shape
+    if family == "gemm":
+        shape.setdefault("layout", "NT")  # what kernels.gemm assumes without one
+    candidates = [family] if family in SHAPE_KEYS else list(SHAPE_KEYS)
+    problems = {name: check_shape(name, shape) for name in candidates}
+    if any(not why for why in problems.values()):
+        return shape
+    # the family whose required keys the shape shares most says what is wrong
+    name = max(candidates, key=lambda n: len(set(SHAPE_KEYS[n][0]) & set(shape)))
+    raise TunerError(f"--shape {text!r}: {problems[name]} ({name} shapes are "
+                     f"{','.join(k + '=..' for k in SHAPE_KEYS[name][0] if k != 'dtype')})")
 
 
-def parse_config(text: str) -> dict:
-    """'ROWS_PER_BLOCK=4,BLOCK_K=512' -> dict with int values where they parse."""
+def parse_config(text: str, family: str | None = None) -> dict:
+    """'ROWS_PER_BLOCK=4,BLOCK_K=512' -> {'ROWS_PER_BLOCK': 4, 'BLOCK_K': 512}: every value a
+    finite number (int where it is one). With `family`, a parameter no backend's search space
+    of the family has is refused (values outside the space's lists are allowed: bench times
+    what it is given)."""
+    import math
+
     config: dict = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        if "=" not in part:
-            raise TunerError(f"config item {part!r} is not KEY=VALUE")
-        key, value = (s.strip() for s in part.split("=", 1))
+    for key, value in _pairs(text, "--config", "ROWS_PER_BLOCK=4,BLOCK_K=512"):
         try:
-            config[key] = int(value)
+            number = int(value)
         except ValueError:
             try:
-                config[key] = float(value)
+                number = float(value)
             except ValueError:
-                config[key] = value
+                raise TunerError(f"--config: {key}={value!r} is not a number") from None
+            if not math.isfinite(number):
+                raise TunerError(f"--config: {key}={value!r} is not a finite number")
+        config[key] = number
+    if family is not None:
+        from .spaces import BACKENDS, space_for
+
+        known = set()
+        for backend in BACKENDS:
+            known |= set(space_for(family, backend).params)
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise TunerError(f"--config: unknown parameter(s) {', '.join(unknown)} for {family} "
+                             f"(known: {', '.join(sorted(known))})")
     return config
 
 

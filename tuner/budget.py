@@ -30,7 +30,7 @@ from kernels.cost import attention_cost, dtype_bytes, dtype_name, gemm_cost
 
 from .device import DeviceProfile
 from .errors import NoGPUError, TunerError, warn
-from .tables import read_parquet, write_parquet
+from .tables import check_output_file, read_parquet, write_parquet
 from .units import DEFAULT_THRESHOLD, Threshold, is_number, pct as _pct
 
 # The profile measures the dense bf16 matmul rate. It bounds fp16/bf16 matmuls and, because fp32
@@ -359,3 +359,57 @@ def format_table(budget: pd.DataFrame) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)) + "  " + line[-1]
                      for line in lines)
+
+
+# ------------------------------------------------------------------------------ tuner budget
+def default_output(shapes: str | Path) -> Path:
+    """artifacts/budget/<shape table name>.parquet"""
+    return Path("artifacts") / "budget" / (Path(shapes).name.removesuffix(".parquet") + ".parquet")
+
+
+def run_command(shapes: str | Path, *, device=None, bandwidth=None, matmul_rate=None,
+                threshold: Threshold = DEFAULT_THRESHOLD, hit_rate: float = 1.0,
+                phase: str = "all", graph_captured: bool = False, min_kernel_us: float | None = None,
+                measure: bool = False, output: str | Path | None = None, out=print) -> Path:
+    """`tuner budget`: read the shape table, choose the device profile, budget every row, print
+    the table through `out` and write the budget parquet (the output path is checked first)."""
+    from . import shapetable
+    from .device import choose_profile
+
+    output = Path(output) if output else default_output(shapes)
+    check_output_file(output, "-o")  # before any work
+    table = shapetable.read(shapes)
+    if phase != "all":
+        present = sorted(table["phase"].dropna().unique())
+        table = table[table["phase"] == phase]
+        if len(table) == 0:
+            raise TunerError(f"{shapes} has no {phase} rows; phases present: "
+                             f"{', '.join(present) or 'none'}")
+    profile, where = choose_profile(device, list(table["device"].dropna().unique()),
+                                    bandwidth=bandwidth, matmul_rate=matmul_rate)
+    measured = measure_baselines(table) if measure else None
+    result = compute(table, profile, threshold=threshold, hit_rate=hit_rate,
+                     graph_captured=graph_captured, min_kernel_us=min_kernel_us,
+                     baseline_us=measured)
+
+    out(f"budget of {shapes}")
+    out(f"device: {where}: read {profile.read_bandwidth_bytes_per_s / 1e12:.3g} TB/s, bf16 matmul "
+        f"{profile.bf16_matmul_flops_per_s / 1e12:.3g} TFLOP/s")
+    out(f"threshold: {threshold.describe()}; hit rate {hit_rate:g}; per token = per step of "
+        f"the phase")
+    if measured is not None:
+        count = int(measured.notna().sum())
+        out(f"baselines: {count} re-measured on this GPU (cold L2), {len(result) - count} "
+            f"from the trace")
+    for note in phase_notes(result):
+        out(note)
+    out("")
+    out(format_table(result))
+    unbudgeted = result["baseline_us"].isna().sum()
+    if unbudgeted:
+        warn(f"{unbudgeted} of {len(result)} shapes have no GPU time in the trace (CPU-only "
+             "trace?): they cannot be budgeted and are kept; rerun with --measure on the GPU")
+    write(result, output)
+    kept = int((result["verdict"] == "keep").sum())
+    out(f"\nkept {kept} of {len(result)} shapes; budget written to {output}")
+    return output

@@ -173,8 +173,12 @@ def cmd_harvest(args) -> int:
 
 # ------------------------------------------------------------------------------------------ device
 def _add_device(sub) -> None:
-    p = sub.add_parser("device", help="detect the GPU and measure its bandwidth and matmul rate")
-    p.add_argument("--json", action="store_true", help="print the profile as JSON")
+    p = sub.add_parser(
+        "device", help="detect the GPU and measure its bandwidth and matmul rate",
+        description="Detect this machine's GPU (backend CUDA or ROCm, Hygon DCU, arch, warp size, "
+        "multiprocessors, L2) and measure its read bandwidth, bf16 matmul rate and the fixed "
+        "cost of one kernel; save the profile as JSON for budget, search and bench. Needs a GPU.")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON (default: text)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="directory for the saved profile (default artifacts/devices)")
     p.add_argument("--buffer-gib", type=float, default=4.0,
@@ -197,18 +201,30 @@ def cmd_device(args) -> int:
 
 # ------------------------------------------------------------------------------------------- bench
 def _add_bench(sub) -> None:
-    p = sub.add_parser("bench", help="time baseline, default and given configs for one shape")
+    p = sub.add_parser(
+        "bench", help="time baseline, default and given configs for one shape",
+        description="Time one shape under the timing protocol (CUDA-graph replays, device events, "
+        "median of group medians, cold L2 by default): the baseline (the path serving uses "
+        "today), the family's default config and each --config, with the spread, TB/s and the "
+        "parity facts; --sweep times the whole search space. Needs a GPU (or --torch-device cpu "
+        "under TRITON_INTERPRET=1 to check the command). See docs/measure.md.")
     _family_flag(p, what="kernel family")
-    p.add_argument("--shape", required=True, help="e.g. m=1,n=14336,k=5120")
+    p.add_argument("--shape", required=True, metavar="KEY=V,...",
+                   help="the shape, e.g. m=1,n=14336,k=5120 (gemv), m=512,n=896,k=896,layout=NT "
+                   "(gemm), batch=4,heads=14,kv_heads=2,kv_len=300,head_dim=64 (attention)")
     p.add_argument("--dtype", default=None, help="bfloat16 (default) or float16")
     p.add_argument("--config", action="append", default=[], metavar="KEY=V,...",
                    help="a config to time besides baseline and default (repeatable)")
     p.add_argument("--cache", choices=("cold", "warm"), default="cold",
-                   help="cold: rotate inputs past 2x L2 (weights from HBM); warm: one input set")
-    p.add_argument("--sweep", action="store_true", help="time every config of the search space")
-    p.add_argument("--top", type=int, default=5, help="best configs to print after --sweep")
+                   help="cold (default): rotate inputs past 2x L2 (weights from HBM); warm: one "
+                   "input set")
+    p.add_argument("--sweep", action="store_true",
+                   help="also time every config of the search space (default: off)")
+    p.add_argument("--top", type=int, default=5,
+                   help="best configs to print after --sweep (default 5)")
     p.add_argument("--max-configs", type=int, default=None,
-                   help="--sweep a seeded random sample of this many configs (+ the default)")
+                   help="--sweep a seeded random sample of this many configs (+ the default); "
+                   "default: every config")
     p.add_argument("--groups", type=int, default=10, help="timing groups (default 10)")
     p.add_argument("--replays", type=int, default=10, help="graph replays per group (default 10)")
     _device_flag(p, "for the bandwidth share")
@@ -221,6 +237,13 @@ def _add_bench(sub) -> None:
 def cmd_bench(args) -> int:
     from . import bench
 
+    bench.parse_shape(args.shape, args.dtype, family=args.family)  # one clear line, before any GPU
+    for text in args.config:
+        bench.parse_config(text, family=args.family)
+    for flag, value in (("--top", args.top), ("--groups", args.groups), ("--replays", args.replays),
+                        ("--max-configs", args.max_configs)):
+        if value is not None and value < 1:
+            raise TunerError(f"{flag} must be at least 1, got {value}")
     bench.run_command(args.family, args.shape, dtype=args.dtype, configs=args.config,
                       cache=args.cache, groups=args.groups, replays=args.replays,
                       device=args.torch_device, device_profile=args.device, do_sweep=args.sweep,
@@ -262,53 +285,16 @@ def _add_budget(sub) -> None:
 
 
 def cmd_budget(args) -> int:
-    from pathlib import Path
+    from . import budget
 
-    from . import budget, shapetable
-    from .device import choose_profile
-    from .errors import warn
-
-    threshold = parse_threshold(args.min_saving,
-                                       safety=parse_positive(args.safety, "--safety"))
-    hit_rate = parse_positive(args.hit_rate, "--hit-rate")
-    min_kernel_us = (None if args.min_kernel_us is None else
-                     parse_positive(args.min_kernel_us, "--min-kernel-us", allow_zero=True))
-    table = shapetable.read(args.shapes)
-    if args.phase != "all":
-        present = sorted(table["phase"].dropna().unique())
-        table = table[table["phase"] == args.phase]
-        if len(table) == 0:
-            raise TunerError(f"{args.shapes} has no {args.phase} rows; phases present: "
-                             f"{', '.join(present) or 'none'}")
-    profile, where = choose_profile(args.device, list(table["device"].dropna().unique()),
-                                    bandwidth=args.bandwidth, matmul_rate=args.matmul_rate)
-    measured = budget.measure_baselines(table) if args.measure else None
-    result = budget.compute(table, profile, threshold=threshold, hit_rate=hit_rate,
-                            graph_captured=args.graph_captured, min_kernel_us=min_kernel_us,
-                            baseline_us=measured)
-
-    print(f"budget of {args.shapes}")
-    print(f"device: {where}: read {profile.read_bandwidth_bytes_per_s / 1e12:.3g} TB/s, bf16 matmul "
-          f"{profile.bf16_matmul_flops_per_s / 1e12:.3g} TFLOP/s")
-    print(f"threshold: {threshold.describe()}; hit rate {hit_rate:g}; per token = per step of "
-          f"the phase")
-    if measured is not None:
-        count = int(measured.notna().sum())
-        print(f"baselines: {count} re-measured on this GPU (cold L2), {len(result) - count} "
-              f"from the trace")
-    for note in budget.phase_notes(result):
-        print(note)
-    print()
-    print(budget.format_table(result))
-    unbudgeted = result["baseline_us"].isna().sum()
-    if unbudgeted:
-        warn(f"{unbudgeted} of {len(result)} shapes have no GPU time in the trace (CPU-only "
-             "trace?): they cannot be budgeted and are kept; rerun with --measure on the GPU")
-    output = Path(args.output) if args.output else (
-        Path("artifacts") / "budget" / (Path(args.shapes).name.removesuffix(".parquet") + ".parquet"))
-    budget.write(result, output)
-    kept = int((result["verdict"] == "keep").sum())
-    print(f"\nkept {kept} of {len(result)} shapes; budget written to {output}")
+    budget.run_command(
+        args.shapes, device=args.device, bandwidth=args.bandwidth, matmul_rate=args.matmul_rate,
+        threshold=parse_threshold(args.min_saving, safety=parse_positive(args.safety, "--safety")),
+        hit_rate=parse_positive(args.hit_rate, "--hit-rate"), phase=args.phase,
+        graph_captured=args.graph_captured,
+        min_kernel_us=(None if args.min_kernel_us is None else
+                       parse_positive(args.min_kernel_us, "--min-kernel-us", allow_zero=True)),
+        measure=args.measure, output=args.output)
     return 0
 
 
@@ -468,12 +454,20 @@ def _add_rank(sub) -> None:
 
 
 def cmd_rank(args) -> int:
+    from pathlib import Path
+
     from . import rank
     from .parity import resolve_gate
     from .runtime import current_identity
 
+    from .tables import check_output_dir
+
     if args.top < 1:
         raise TunerError(f"--top must be at least 1, got {args.top}")
+    if args.name is not None and (not args.name or args.name != Path(args.name).name
+                                  or args.name in (".", "..")):
+        raise TunerError(f"--name {args.name!r}: give a file name stem, not a path")
+    check_output_dir(args.output, "-o")  # before any measurement
     if args.device:
         from .device import choose_profile
 
@@ -638,8 +632,27 @@ def cmd_ab(args) -> int:
 
 
 # ------------------------------------------------------------------------------------------- main
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one wording for an error: one line `tuner: error: ...`, exit 2
+    (argparse's own prints its usage block first)."""
+
+    def error(self, message):
+        where = self.prog.removeprefix("tuner").strip()
+        context = f"{where}: " if where else ""
+        sys.stderr.write(f"tuner: error: {context}{message} (see `{self.prog} --help`)\n")
+        sys.exit(2)
+
+
+def _command_list(parser) -> str:
+    """'  name   help' per sub-command, in the order they were declared."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    rows = [(choice.dest, choice.help or "") for choice in sub._choices_actions]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"  {name.ljust(width)}  {text}" for name, text in rows)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tuner",
         description="Kernel autotuner and shape screening for LLM inference: find which kernel "
         "config, on which real call shape, saves how many microseconds per generated token "
@@ -659,13 +672,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
-        parser.print_help()
+        print("tuner: error: give a command (`tuner COMMAND --help` for its flags, `tuner --help` "
+              "for the day of a user); commands:", file=sys.stderr)
+        print(_command_list(parser), file=sys.stderr)
         return 2
     try:
         return int(args.func(args) or 0)
     except TunerError as exc:
         if args.debug:
-            raise
+            import traceback
+
+            traceback.print_exc()
         print(f"tuner: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -676,6 +693,16 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as exc:  # a bug: one line, and the traceback with --debug
+        from .errors import one_line
+
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        print(f"tuner: error: internal error ({one_line(exc)}); rerun with --debug for the "
+              f"traceback and report it", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -11,8 +11,15 @@ Layout (DESIGN.md "Export")::
 A family file carries the device name and arch, backend, torch and triton versions, the kernel
 source hash, the compile options that change numerics (Triton's FP fusion), the parity mode and the
 measured numbers behind each entry. Every file is written to a temporary file in the same folder and
-moved into place with os.replace; the manifest is written last, so a reader never sees a manifest
-that names a half-written file.
+moved into place with os.replace (mode 0644); the manifest is written last, so a reader never sees a
+manifest that names a half-written file. Temp files a killed export left behind are removed by the
+next one; the loader never reads them.
+
+Before writing anything, every accepted row is checked: a known family, a device key that is a
+plain folder name, a config and a shape that parse, fit the family's shape schema and are allowed
+by the family's search space (the backend's section: cuda, hip, or dcu on a Hygon arch). A row
+that fails is refused with a warning naming it; the others are exported. No path is written
+outside the output directory, whatever a device or family name holds.
 """
 
 from __future__ import annotations
@@ -20,8 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -29,7 +35,8 @@ import pandas as pd
 
 from . import rank as rank_mod
 from .errors import TunerError, info, warn
-from .runtime import EXPORT_FORMAT, EXPORT_ROOT
+from .runtime import EXPORT_FORMAT, EXPORT_ROOT, device_key_for
+from .tables import atomic_write_bytes, check_output_dir, remove_stale_temps
 
 VLLM_FAMILIES = ("gemv", "gemm")
 MEASURED_FIELDS = ("baseline_us", "candidate_us", "default_us", "speedup", "speedup_low",
@@ -44,24 +51,9 @@ MEASURED_FIELDS = ("baseline_us", "candidate_us", "default_us", "speedup", "spee
 
 # ----------------------------------------------------------------------------------- atomic I/O
 def atomic_write_text(path: Path, text: str) -> Path:
-    """Write `text` to `path` via a temp file in the same folder and os.replace. On any error
-    the temp file is removed and an existing `path` is left as it was."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
+    """Write `text` to `path` via a temp file in the same folder and os.replace (mode 0644). On
+    any error the temp file is removed and an existing `path` is left as it was."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: Path, data) -> Path:
@@ -91,6 +83,61 @@ def accepted(verdicts: pd.DataFrame, family: str | None = None) -> pd.DataFrame:
         return rows
     rows = rows.sort_values(["measured_at", "saving_us_per_token"], ascending=[False, False])
     return rows.drop_duplicates(["device", "family", "shape"], keep="first")
+
+
+DCU_ARCHS = ("gfx926", "gfx928", "gfx936", "gfx938")  # tuner.device.DCU_ARCHS (no torch import)
+
+
+def row_problem(row: dict) -> str:
+    """'' when an accepted verdict row can be exported, else why not (one line)."""
+    import kernels
+
+    from .spaces import check_shape, space_for
+
+    family, device = row.get("family"), row.get("device")
+    if family not in kernels.family_names():
+        return f"unknown family {family!r}"
+    if not isinstance(device, str) or not device or device_key_for(device) != device:
+        return f"device key {device!r} is not a plain name like 'nvidia-h200'"
+    try:
+        config = json.loads(row.get("config"))
+        shape = json.loads(row.get("shape_json"))
+    except (TypeError, ValueError) as exc:
+        return f"config or shape does not parse as JSON ({exc})"
+    why = check_shape(family, shape)
+    if why:
+        return f"shape: {why}"
+    backend = "dcu" if str(row.get("arch")) in DCU_ARCHS else str(row.get("backend"))
+    if backend not in ("cuda", "hip", "dcu"):
+        return f"backend {row.get('backend')!r} is not cuda or hip"
+    return space_for(family, backend).check(config, shape)
+
+
+def valid_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows `row_problem` finds nothing wrong with; a warning for each refused one."""
+    keep = []
+    for index, row in zip(rows.index, rows.to_dict("records")):
+        why = row_problem(row)
+        if why:
+            warn(f"not exporting {row.get('family')} {row.get('shape')!s:.120} "
+                 f"(device {str(row.get('device'))[:60]!r}): {why}")
+        else:
+            keep.append(index)
+    return rows.loc[keep]
+
+
+def _inside(root: Path, path: Path) -> Path:
+    """`path`, if it lies inside `root` (else a TunerError: never write outside the output)."""
+    resolved, base = path.resolve(), root.resolve()
+    if resolved != base and base not in resolved.parents:
+        raise TunerError(f"refusing to write {path}: outside the export directory {root}")
+    return path
+
+
+def _safe_name(text: str) -> str:
+    """A device name as one file-name component (vLLM's 'NVIDIA_H200'): no separators or dots
+    runs that could leave the folder."""
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", str(text).replace(" ", "_")).strip(".") or "device"
 
 
 def _plain(value):
@@ -150,7 +197,7 @@ def family_document(rows: pd.DataFrame, family: str, device_key: str, *,
 
 def vllm_documents(doc: dict) -> dict[str, dict]:
     """vLLM-style files for a gemv/gemm export: {file name: {"M": config}} per (N, K, dtype)."""
-    device = doc["device"]["name"].replace(" ", "_")
+    device = _safe_name(doc["device"]["name"])
     files: dict[str, dict] = {}
     for entry in doc["configs"].values():
         shape = entry["shape"]
@@ -177,14 +224,19 @@ def export(verdicts: pd.DataFrame, *, out_root: str | Path = EXPORT_ROOT,
     for fmt in formats:
         if fmt not in ("native", "vllm"):
             raise TunerError(f"unknown export format {fmt!r}; expected native or vllm")
+    root = check_output_dir(out_root, "-o")
     rows = accepted(verdicts, family)
+    what = f" for family {family}" if family else ""
     if rows.empty:
-        what = f" for family {family}" if family else ""
         raise TunerError(f"no accepted configs{what} in the verdicts: nothing to export "
                          f"(see the reasons in the verdict table)")
+    rows = valid_rows(rows)
+    if rows.empty:
+        raise TunerError(f"no exportable configs{what}: every accepted row was refused (above)")
     written: list[Path] = []
     for device_key, device_rows in rows.groupby("device", sort=True):
-        directory = Path(out_root) / str(device_key)
+        directory = _inside(root, root / str(device_key))
+        remove_stale_temps(directory)
         docs = {}
         for fam, fam_rows in device_rows.groupby("family", sort=True):
             docs[fam] = family_document(fam_rows, fam, str(device_key),
@@ -192,7 +244,7 @@ def export(verdicts: pd.DataFrame, *, out_root: str | Path = EXPORT_ROOT,
         manifest_path = directory / "manifest.json"
         manifest = _read_manifest(manifest_path)
         for fam, doc in docs.items():
-            path = atomic_write_json(directory / f"{fam}.json", doc)
+            path = atomic_write_json(_inside(root, directory / f"{fam}.json"), doc)
             written.append(path)
             manifest["families"][fam] = {
                 "file": path.name, "sha256": _sha256(path), "entries": len(doc["configs"]),
@@ -204,7 +256,8 @@ def export(verdicts: pd.DataFrame, *, out_root: str | Path = EXPORT_ROOT,
                     warn(f"--format vllm does not fit family {fam} (no M-keyed layout); skipped")
                 else:
                     for name, data in vllm_documents(doc).items():
-                        written.append(atomic_write_json(directory / "vllm" / fam / name, data))
+                        written.append(atomic_write_json(
+                            _inside(root, directory / "vllm" / fam / name), data))
             manifest["device"] = doc["device"]
             manifest["versions"] = doc["versions"]
         manifest["format"] = EXPORT_FORMAT
@@ -227,7 +280,8 @@ def _read_manifest(path: Path) -> dict:
         return fresh
     # keep only families whose file is still there
     data["families"] = {f: e for f, e in data["families"].items()
-                        if (path.parent / e.get("file", f"{f}.json")).exists()}
+                        if isinstance(e, dict) and e.get("file", f"{f}.json") == f"{f}.json"
+                        and (path.parent / f"{f}.json").exists()}
     return data
 
 
@@ -248,6 +302,7 @@ def summary_lines(paths: list[Path]) -> list[str]:
 
 
 def run_cli(paths, *, family, formats, out_root, check_kernel_hash=True) -> list[Path]:
+    check_output_dir(out_root, "-o")  # before reading anything
     verdicts = load_verdicts(paths)
     written = export(verdicts, out_root=out_root, family=family, formats=formats,
                      check_kernel_hash=check_kernel_hash)

@@ -16,8 +16,14 @@ Serving code calls a family's entry point, e.g. ``kernels.gemv.linear(x, weight)
 
 The export (``<family>.json`` written by ``tuner export``) is read once per family from
 ``$TUNER_EXPORT_DIR`` or ``artifacts/export/<current device key>/``. A file whose device name,
-arch, Triton version or kernel source hash does not match this process is refused: one warning,
-then every shape is a miss. Every answer served from an exported entry counts as a hit of that
+arch, Triton version or kernel source hash does not match this process, or that
+``manifest.json`` beside it does not vouch for (its sha256, kernel hash, device and versions), is
+refused: one warning, then every shape is a miss. Every entry is checked once, at load, against
+the family's shape schema and search space (tuner.spaces: known parameters, numbers from the
+space's lists, its constraints); a bad entry is dropped with one warning naming it and the rest
+of the file is used. Temp files of an interrupted export (``.<name>.<random>.tmp``) are never
+read. Nothing here raises into the caller: any failure is a miss (the baseline path) and a
+logged warning. Every answer served from an exported entry counts as a hit of that
 entry (``hit_counts()``), so a user can prove that the tuned path actually ran; misses are
 counted in ``miss_counts()``.
 
@@ -27,6 +33,7 @@ returned dict is shared: do not modify it. Importing this module needs no GPU (n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -40,6 +47,8 @@ log = logging.getLogger("tuner.runtime")
 
 EXPORT_ROOT = Path("artifacts") / "export"
 EXPORT_FORMAT = "tuner-export/1"
+MANIFEST = "manifest.json"
+MAX_EXPORT_BYTES = 64 << 20  # an export file larger than this is not one of ours
 
 
 def device_key_for(name: str) -> str:
@@ -63,7 +72,7 @@ def detect_identity() -> dict | None:
     found = versions()
     return {"key": device_key_for(fields["name"]), "name": fields["name"], "arch": fields["arch"],
             "backend": fields["backend"], "torch": found.get("torch", ""),
-            "triton": found.get("triton", "")}
+            "triton": found.get("triton", ""), "is_dcu": bool(fields.get("is_dcu"))}
 
 
 _IDENTITY: dict | None = None
@@ -121,8 +130,8 @@ def shape_tuple(shape: dict) -> tuple:
 def mismatches(meta: dict, identity: dict, current_kernel_hash: str) -> list[str]:
     """Which identity fields of an export file differ from this process (empty: usable)."""
     out = []
-    device = meta.get("device") or {}
-    versions = meta.get("versions") or {}
+    device = meta.get("device") if isinstance(meta.get("device"), dict) else {}
+    versions = meta.get("versions") if isinstance(meta.get("versions"), dict) else {}
     if device.get("name") != identity.get("name"):
         out.append(f"device {device.get('name')!r} != {identity.get('name')!r}")
     if device.get("arch") != identity.get("arch"):
@@ -145,38 +154,133 @@ class LoadedExport:
     by_rest: dict[tuple, list[tuple[int, str, dict]]] = field(default_factory=dict)  # sans m -> [(m, key, config)]
 
 
+def _read_json(path: Path) -> tuple[dict, bytes]:
+    """(document, its bytes) of a JSON export file; ValueError / OSError for anything else."""
+    if not path.is_file():
+        raise ValueError("not a regular file")
+    if path.stat().st_size > MAX_EXPORT_BYTES:
+        raise ValueError(f"larger than {MAX_EXPORT_BYTES >> 20} MiB")
+    data = path.read_bytes()
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"not JSON text ({type(exc).__name__})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"not a JSON object but {type(doc).__name__}")
+    return doc, data
+
+
 def read_export(path: Path) -> dict:
-    data = json.loads(Path(path).read_text())
-    if not isinstance(data, dict) or not isinstance(data.get("configs"), dict):
+    doc, _ = _read_json(Path(path))
+    if not isinstance(doc.get("configs"), dict):
         raise ValueError("no 'configs' mapping")
-    return data
+    return doc
+
+
+def manifest_problems(directory: Path, family: str, doc: dict, data: bytes) -> list[str]:
+    """Why manifest.json beside a family file does not vouch for it (empty: it does): missing or
+    unreadable, no entry for the family, another file name, sha256 of the bytes read, kernel
+    hash, device or versions that differ from the family file's."""
+    path = directory / MANIFEST
+    if not path.exists():
+        return [f"no {MANIFEST} beside it (an export writes it last)"]
+    try:
+        manifest, _ = _read_json(path)
+    except (OSError, ValueError) as exc:
+        return [f"{path} is unreadable ({exc})"]
+    families = manifest.get("families")
+    entry = families.get(family) if isinstance(families, dict) else None
+    if not isinstance(entry, dict):
+        return [f"{MANIFEST} lists no {family} file"]
+    problems = []
+    if entry.get("file", f"{family}.json") != f"{family}.json":
+        problems.append(f"{MANIFEST} names {entry.get('file')!r} for {family}")
+    digest = hashlib.sha256(data).hexdigest()
+    if entry.get("sha256") != digest:
+        problems.append(f"sha256 {digest[:16]}... is not the one in {MANIFEST} "
+                        f"({str(entry.get('sha256'))[:16]}...): the file changed after export")
+    if entry.get("kernel_hash") != doc.get("kernel_hash"):
+        problems.append(f"{MANIFEST} kernel hash {entry.get('kernel_hash')!r} != the file's "
+                        f"{doc.get('kernel_hash')!r}")
+    for key in ("versions", "device"):
+        if key in manifest and manifest.get(key) != doc.get(key):
+            problems.append(f"{MANIFEST} {key} {manifest.get(key)!r} != the file's "
+                            f"{doc.get(key)!r}")
+    return problems
+
+
+def space_backend(identity: dict | None, doc: dict) -> str:
+    """The search-space section the entries are checked against: dcu on a Hygon DCU, else the
+    device's backend (cuda / hip)."""
+    if identity and identity.get("is_dcu"):
+        return "dcu"
+    backend = (identity or {}).get("backend") or (doc.get("device") or {}).get("backend")
+    return backend if backend in ("cuda", "hip") else "cuda"
+
+
+def entry_problem(family: str, key, entry, space) -> str:
+    """'' for a usable entry of a family file, else why it is dropped."""
+    from .spaces import check_shape
+
+    if not isinstance(entry, dict):
+        return f"the entry is not a mapping ({type(entry).__name__})"
+    shape, config = entry.get("shape"), entry.get("config")
+    why = check_shape(family, shape)
+    if why:
+        return f"shape: {why}"
+    return space.check(config, shape)
 
 
 def load_family(family: str) -> LoadedExport:
-    """Read and check one family's export file (no caching; `config_for` caches)."""
+    """Read and check one family's export file (no caching; `config_for` caches). Never raises."""
+    try:
+        return _load_family(family)
+    except Exception as exc:  # noqa: BLE001 - a serving process must never go down for this
+        return LoadedExport(family, None, "unreadable", f"cannot load the {family} export: "
+                            f"{type(exc).__name__}: {exc}")
+
+
+def _load_family(family: str) -> LoadedExport:
     identity = current_identity()
     backend = (identity or {}).get("backend", "cuda")
     directory = export_dir(identity)
     if directory is None:
         return LoadedExport(family, None, "no-device", "no GPU visible to identify the device",
                             backend)
+    directory = Path(directory)
     path = directory / f"{family}.json"
     if not path.exists():
         return LoadedExport(family, path, "missing", f"no export at {path}", backend)
     try:
-        data = read_export(path)
+        data, raw = _read_json(path)
+        if not isinstance(data.get("configs"), dict):
+            raise ValueError("no 'configs' mapping")
     except (OSError, ValueError) as exc:
         return LoadedExport(family, path, "unreadable", f"cannot read {path}: {exc}", backend)
     if identity is None:
         return LoadedExport(family, path, "no-device",
                             f"{path}: no GPU visible to check the export against", backend)
     problems = mismatches(data, identity, kernel_hash(family))
+    problems += manifest_problems(directory, family, data, raw)
     if problems:
         return LoadedExport(family, path, "refused", f"refusing {path}: " + "; ".join(problems),
                             backend)
-    loaded = LoadedExport(family, path, "loaded", f"{len(data['configs'])} entries from {path}",
-                          backend)
+    from .spaces import space_for
+
+    try:
+        space = space_for(family, space_backend(identity, data))
+    except Exception as exc:  # noqa: BLE001 - no space to check against: trust nothing
+        return LoadedExport(family, path, "refused", f"refusing {path}: cannot check its entries "
+                            f"against the {family} search space: {exc}", backend)
+    loaded = LoadedExport(family, path, "loaded", "", backend)
+    dropped = 0
     for key, entry in data["configs"].items():
+        why = entry_problem(family, key, entry, space)
+        if why:
+            dropped += 1
+            log.warning("%s: dropping entry %r: %s; that shape runs the baseline path",
+                        path, str(key)[:200], why)
+            continue
         shape = entry["shape"]
         config = dict(entry["config"])
         loaded.entries[shape_tuple(shape)] = (key, config)
@@ -186,6 +290,8 @@ def load_family(family: str) -> LoadedExport:
             loaded.by_rest.setdefault(rest, []).append((int(shape[vary]), key, config))
     for items in loaded.by_rest.values():
         items.sort(key=lambda item: item[0])
+    loaded.detail = f"{len(loaded.entries)} entries from {path}" + (
+        f" ({dropped} dropped)" if dropped else "")
     return loaded
 
 
@@ -208,8 +314,28 @@ def _loaded(family: str) -> LoadedExport:
 NEAREST_KEYS = ("m", "kv_len")  # the dimension that varies call to call, per family
 
 
+_WARNED: set[tuple[str, str]] = set()  # (family, error type): lookup failures already logged
+
+
+def _lookup_failed(family, exc: Exception) -> None:
+    key = (str(family), type(exc).__name__)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning("tuner.runtime: lookup for %s failed (%s: %s); those calls run the baseline "
+                    "path", family, type(exc).__name__, str(exc)[:200])
+
+
 def resolve(family: str, shape: dict) -> tuple[dict | None, str | None]:
-    """(config, entry key), or (None, None) on a miss, without counting. Exact, then nearest."""
+    """(config, entry key), or (None, None) on a miss, without counting. Exact, then nearest.
+    Never raises: a shape it cannot read is a miss (one warning)."""
+    try:
+        return _resolve(family, shape)
+    except Exception as exc:  # noqa: BLE001 - never into the serving process
+        _lookup_failed(family, exc)
+        return None, None
+
+
+def _resolve(family: str, shape: dict) -> tuple[dict | None, str | None]:
     loaded = _loaded(family)
     wanted = shape_tuple(shape)
     hit = loaded.entries.get(wanted)
@@ -228,7 +354,17 @@ def resolve(family: str, shape: dict) -> tuple[dict | None, str | None]:
 
 
 def lookup(family: str, shape: dict) -> dict | None:
-    """The exported config for `shape` (exact or nearest), or None: then run the baseline path."""
+    """The exported config for `shape` (exact or nearest), or None: then run the baseline path.
+    Never raises into the caller: anything unexpected is None (the baseline path) and one
+    logged warning."""
+    try:
+        return _lookup(family, shape)
+    except Exception as exc:  # noqa: BLE001 - never into the serving process
+        _lookup_failed(family, exc)
+        return None
+
+
+def _lookup(family: str, shape: dict) -> dict | None:
     cache_key = (family, tuple(shape.items()))
     found = _CACHE.get(cache_key)
     if found is None:
@@ -278,5 +414,6 @@ def reset(counts_only: bool = False) -> None:
     if not counts_only:
         _LOADED.clear()
         _CACHE.clear()
+        _WARNED.clear()
         _IDENTITY = None
         _IDENTITY_DONE = False

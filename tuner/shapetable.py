@@ -52,11 +52,70 @@ def empty() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in COLUMNS.items()})
 
 
-def normalize(df: pd.DataFrame) -> pd.DataFrame:
-    """Return `df` with the contract columns first, in order and with their dtypes."""
+# String columns that must hold a value in every row (the others may be empty).
+REQUIRED_STRINGS = ("op", "family", "phase", "dtype")
+
+
+def _bad_cell(values: pd.Series, kind: str) -> tuple[int, object, str] | None:
+    """(row, value, why) of the first cell of `values` that a column of `kind` cannot hold:
+    'int' (finite whole numbers >= 0), 'Int' (the same, or empty), 'float' (numbers or empty:
+    NaN means unknown; no infinities, no negatives), 'string' (text or empty), 'required'
+    (text)."""
+    for row, value in enumerate(values.tolist()):
+        missing = value is None or value is pd.NA or (isinstance(value, float) and value != value)
+        if kind in ("string", "required"):
+            if missing:
+                if kind == "required":
+                    return row, value, "is empty"
+                continue
+            if not isinstance(value, str):
+                return row, value, "is not text"
+            continue
+        if missing:
+            if kind in ("int", ):
+                return row, value, "is empty (NaN)"
+            continue
+        if isinstance(value, (bool, str, bytes)) or not hasattr(value, "__float__"):
+            return row, value, "is not a number"
+        number = float(value)
+        if number != number or number in (float("inf"), float("-inf")):
+            return row, value, "is not a finite number"
+        if number < 0:
+            return row, value, "is negative"
+        if kind in ("int", "Int") and number != int(number):
+            return row, value, "is not a whole number"
+    return None
+
+
+def validate(df: pd.DataFrame, where: str = "shape table") -> None:
+    """TunerError (one line, naming the column and the row) for a cell the ShapeTable contract
+    cannot hold: text or NaN in an integer column, text or an infinity in a float column, a
+    negative size or count, an empty op/family/phase/dtype, an unknown phase."""
+    columns = dict(COLUMNS, **{c: t for c, t in ATTENTION_COLUMNS.items() if c in df.columns})
+    for column, dtype in columns.items():
+        if column not in df.columns:
+            continue
+        kind = {"int64": "int", "Int64": "Int", "float64": "float"}.get(dtype)
+        if kind is None:
+            kind = "required" if column in REQUIRED_STRINGS else "string"
+        bad = _bad_cell(df[column], kind)
+        if bad is not None:
+            row, value, why = bad
+            raise TunerError(f"{where}: column {column!r}, row {row}: {value!r} {why}; "
+                             f"not a valid ShapeTable (make one with `tuner harvest`)")
+    for row, phase in enumerate(df["phase"].tolist()):
+        if phase not in PHASES:
+            raise TunerError(f"{where}: column 'phase', row {row}: {phase!r} is not one of "
+                             f"{', '.join(PHASES)}")
+
+
+def normalize(df: pd.DataFrame, where: str = "shape table") -> pd.DataFrame:
+    """Return `df` with the contract columns first, in order and with their dtypes; a cell the
+    contract cannot hold is a TunerError naming its column and row (`validate`)."""
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
-        raise TunerError(f"shape table lacks columns: {', '.join(missing)}")
+        raise TunerError(f"{where} lacks columns: {', '.join(missing)}")
+    validate(df, where)
     extra = [c for c in df.columns if c not in COLUMNS]
     out = df[list(COLUMNS) + extra].copy()
     for c, t in COLUMNS.items():
@@ -72,4 +131,4 @@ def write(df: pd.DataFrame, path: str | Path) -> Path:
 
 
 def read(path: str | Path) -> pd.DataFrame:
-    return normalize(read_parquet(path, "shape table"))
+    return normalize(read_parquet(path, "shape table"), where=f"shape table {path}")
