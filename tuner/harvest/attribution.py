@@ -157,9 +157,10 @@ def ext_is_correlation(raw: RawTrace) -> bool:
     as_corr = as_op = 0
     for _ts, _dur, corr, ext, _name in raw.activities:
         if corr is None and ext is not None:
-            if ext in raw.runtimes:
+            is_corr, is_op = ext in raw.runtimes, ext in raw.cpu_ext
+            if is_corr and not is_op:
                 as_corr += 1
-            elif ext in raw.cpu_ext:
+            elif is_op and not is_corr:
                 as_op += 1
     return as_corr > as_op
 
