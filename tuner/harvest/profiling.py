@@ -171,7 +171,8 @@ def _profile_graph(fn, target: str, steps: int, tmpdir: Path) -> tuple[Path, Pat
         g = torch.cuda.CUDAGraph()
         capture = tmpdir / "capture.pt.trace.json"
         with profile(activities=_activities(), record_shapes=True) as prof:
-            with torch.cuda.graph(g):
+            # thread_local: the profiler's own threads cannot invalidate the capture
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):
                 fn()
             torch.cuda.synchronize()
         prof.export_chrome_trace(str(capture))
