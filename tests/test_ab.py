@@ -174,3 +174,11 @@ def test_the_verdict_json_has_no_nan():
     v = abv.decide(recorded(), label="x")
     text = json.dumps(v.to_json())
     assert "NaN" not in text and math.isfinite(v.speedup)
+
+
+def test_trace_only_profiles_the_baseline_step(tmp_path):
+    settings = ABSettings(batch=2, prompt=4, steps=2, device="cpu", trace_only=True,
+                          out_dir=str(tmp_path / "ab"), profile_steps=2)
+    data = measure(("callable", TINY), settings)
+    assert set(data["traces"]) == {"baseline"} and "group_us" not in data
+    assert Path(data["traces"]["baseline"]["replay"]).stat().st_size > 0

@@ -91,7 +91,8 @@ def _gpu_or_skip():
 def test_the_batch_32_gemm_set_captures_and_replays(tmp_path):
     _gpu_or_skip()
     result = run_case(tmp_path, "gemm", 32, GEMM_CONFIGS)
-    assert sum(result["hits"]["gemm"].values()) == len(GEMM_CONFIGS)
+    # every exported entry served its linear (eagerly, in the warm-up and in the capture)
+    assert len(result["hits"]["gemm"]) == len(GEMM_CONFIGS), result
     assert result["bitwise_graph_vs_eager"], result  # the replay computes what eager did
     assert result["rel_err"] < 2e-2, result
 
@@ -100,7 +101,7 @@ def test_the_batch_32_gemm_set_captures_and_replays(tmp_path):
 def test_gemv_captures_and_replays(tmp_path, m):
     _gpu_or_skip()
     result = run_case(tmp_path, "gemv", m, [None] * len(LINEARS))
-    assert sum(result["hits"]["gemv"].values()) == len(LINEARS)
+    assert len(result["hits"]["gemv"]) == len(LINEARS), result
     assert result["bitwise_graph_vs_eager"] and result["rel_err"] < 2e-2, result
 
 
@@ -140,4 +141,4 @@ def test_decode_attention_captures_and_replays(tmp_path):
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert sum(result["hits"]["attention"].values()) == 1 and result["rel_err"] < 2e-2, result
+    assert len(result["hits"]["attention"]) == 1 and result["rel_err"] < 2e-2, result

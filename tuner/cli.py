@@ -606,6 +606,9 @@ def _add_ab(sub) -> None:
                    help="skip the fp32 reference (outputs then are not judged: exit 3)")
     p.add_argument("--no-profile", action="store_true",
                    help="skip the profiled replays (no per-shape attribution)")
+    p.add_argument("--trace-only", action="store_true",
+                   help="only profile the baseline step's graph capture and replays, and print "
+                   "the `tuner harvest` command that turns them into the model's shape table")
     _timeout_flag(p, "per batch size, for the whole measurement", "20m")
     p.add_argument("-o", "--output", metavar="DIR", default="artifacts/ab",
                    help="where <model>-b<batch>/ab.json and ab.md go (default artifacts/ab)")
@@ -626,7 +629,7 @@ def cmd_ab(args) -> int:
     settings = ab.ABSettings(prompt=args.prompt, steps=args.steps, groups=args.groups,
                              replays=args.replays, export_dir=args.export, families=families,
                              reference=not args.no_reference, profile=not args.no_profile,
-                             dtype=args.dtype)
+                             dtype=args.dtype, trace_only=args.trace_only)
     return ab.run(spec, batches=batches, settings=settings, out_root=args.output,
                   timeout_s=parse_duration(args.timeout))
 

@@ -84,10 +84,26 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict]) -> dict
     """'m=..,n=..,k=..' -> the saving the export projects per step for that shape: the saving per
     call rank measured for the entry serving uses (exact, else nearest m), times the shape's calls
     per step in this A/B's own baseline step."""
+    import os
+
     from kernels import get_family
 
     from .. import runtime
 
+    previous = os.environ.get("TUNER_EXPORT_DIR")
+    os.environ["TUNER_EXPORT_DIR"] = str(export_dir)
+    runtime.reset()
+    try:
+        return _projected(export_dir, baseline_rows, get_family, runtime)
+    finally:
+        if previous is None:
+            os.environ.pop("TUNER_EXPORT_DIR", None)
+        else:
+            os.environ["TUNER_EXPORT_DIR"] = previous
+        runtime.reset()
+
+
+def _projected(export_dir, baseline_rows, get_family, runtime) -> dict:
     docs = {}
     for family in ("gemv", "gemm"):
         path = Path(export_dir) / f"{family}.json"
@@ -115,6 +131,21 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict]) -> dict
     return out
 
 
+def _trace_only(spec, batches, settings, out_root, timeout_s, out) -> int:
+    """The baseline decode step's graph capture and replays, profiled: the traces to harvest
+    (`tuner harvest REPLAY --capture CAPTURE`) before a search of this model's shapes."""
+    label = _label(spec)
+    for batch in batches:
+        directory = Path(out_root) / f"{label}-b{batch}"
+        s = ABSettings(**{**settings.__dict__, "batch": batch, "out_dir": str(directory)})
+        child = run_child(spec, s, directory, timeout_s, echo=lambda line: info(f"  .. {line}"))
+        if not child.ok:
+            raise TunerError(f"tracing {label} at batch {batch} failed: {child.reason}")
+        paths = child.data["traces"]["baseline"]
+        out(f"{label} batch {batch}: tuner harvest {paths['replay']} --capture {paths['capture']}")
+    return EXIT_PASS
+
+
 def run(spec: tuple[str, str], *, batches: list[int], settings: ABSettings,
         out_root: str | Path = AB_DIR, timeout_s: float | None = None, out=print) -> int:
     """The A/B at every batch size; prints and writes each verdict; returns the exit code."""
@@ -127,6 +158,8 @@ def run(spec: tuple[str, str], *, batches: list[int], settings: ABSettings,
             out(line)
         raise NoGPUError("tuner ab needs a CUDA or ROCm GPU: it captures and times the decode "
                          "step as a graph; none is visible here")
+    if settings.trace_only:
+        return _trace_only(spec, batches, settings, out_root, timeout_s, out)
     export_dir = _export_dir(settings) if settings.device == "cuda" else (settings.export_dir or "")
     if settings.device == "cuda" and not Path(export_dir).is_dir():
         raise TunerError(f"no export at {export_dir}: run `tuner run` / `tuner export` first, or "

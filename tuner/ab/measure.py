@@ -53,6 +53,7 @@ class ABSettings:
     seed: int = 0
     dtype: str = "bfloat16"
     device: str = "cuda"
+    trace_only: bool = False  # only the baseline arm's capture + replay traces (for harvest)
 
 
 def _factory(spec: tuple[str, str]):
@@ -220,6 +221,19 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
     result: dict = {"settings": asdict(settings), "spec": list(spec), **_identity(settings.device)}
 
     ref_tokens = ref_logits = None
+    if settings.trace_only:
+        progress("build: the model in " + settings.dtype)
+        harness = make_harness(factory, dtype=dtype, **common)
+        with torch.no_grad():
+            harness.prefill()
+            arm = _Arm("baseline", harness, gpu)
+            for _ in range(2):  # warm up outside the profiled capture
+                harness.decode()
+            progress("profile: baseline arm")
+            result["traces"] = {"baseline": _profile(arm, Path(settings.out_dir) / "traces",
+                                                     settings.profile_steps, gpu)}
+        progress("done")
+        return result
     if settings.reference:
         progress("reference: fp32 model, greedy decode")
         ref = make_harness(factory, dtype=torch.float32, **common)

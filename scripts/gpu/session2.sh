@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# GPU batch 2/3: the user's day on 8B-shaped models (random weights), then the A/B.
+# For each MODEL:BATCH: trace the baseline decode step (tuner ab --trace-only), harvest the
+# graph capture + replay pair, search (SEARCH_S seconds, --graph-captured), rank, export, and
+# tuner ab with that export. Usage: MODELS="qwen3_8b:1 qwen3_8b:32" bash scripts/gpu/session2.sh
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+W=$(mktemp -d /tmp/s2.XXXXXX)
+LOG="$OUT/session.log"
+SEARCH_S=${SEARCH_S:-60}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed" | tee -a "$LOG"
+export PYTHONPATH="$PWD:/tmp/site" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+T0=$(date +%s)
+stamp() { echo "== $1  (+$(( $(date +%s) - T0 ))s)" | tee -a "$LOG"; }
+mkdir -p artifacts/devices
+if [ -f "${DEVICE_JSON:-}" ]; then cp "$DEVICE_JSON" artifacts/devices/nvidia-h200.json; fi
+if [ ! -f artifacts/devices/nvidia-h200.json ]; then
+  stamp "tuner device"; timeout 60 python3 -m tuner.cli device 2>&1 | tail -n 6 | tee -a "$LOG"
+fi
+for item in ${MODELS:-qwen3_8b:1}; do
+  model=${item%%:*}; batch=${item##*:}; cfg=shapes/examples/models/$model.json
+  D="$W/$model-b$batch"; mkdir -p "$D"
+  family=gemv; [ "$batch" -gt 8 ] && family=gemm
+  stamp "$model b$batch: trace the baseline step"
+  timeout 180 python3 -m tuner.cli ab --hf-config "$cfg" --batch "$batch" --trace-only \
+    -o "$D/trace" > "$D/trace.log" 2>&1; echo "trace rc=$?" | tee -a "$LOG"
+  rep=$(ls "$D"/trace/*/traces/baseline_replay.pt.trace.json 2>/dev/null | head -n 1)
+  cap=$(ls "$D"/trace/*/traces/baseline_capture.pt.trace.json 2>/dev/null | head -n 1)
+  stamp "$model b$batch: harvest"
+  timeout 120 python3 -m tuner.cli harvest "$rep" --capture "$cap" -o "$D/shapes.parquet" \
+    2>&1 | tail -n 14 | tee -a "$LOG"
+  stamp "$model b$batch: search $family ${SEARCH_S}s"
+  timeout $((SEARCH_S + 90)) python3 -m tuner.cli search "$D/shapes.parquet" --family "$family" \
+    --graph-captured --timeout "${SEARCH_S}s" --storage "$D/studies.db" --no-progress \
+    --device artifacts/devices/nvidia-h200.json > "$D/search.log" 2>&1
+  echo "search rc=$?" | tee -a "$LOG"; tail -n 12 "$D/search.log" | tee -a "$LOG"
+  stamp "$model b$batch: rank"
+  timeout 200 python3 -m tuner.cli rank --storage "$D/studies.db" --family "$family" --top 2 \
+    -o "$D/verdicts" > "$D/rank.log" 2>&1; echo "rank rc=$?" | tee -a "$LOG"
+  grep -v "re-measuring" "$D/rank.log" | tail -n 20 | tee -a "$LOG"
+  timeout 60 python3 -m tuner.cli export "$D"/verdicts/*.parquet -o "$D/export" 2>&1 | tail -n 4 | tee -a "$LOG"
+  stamp "$model b$batch: tuner ab"
+  timeout 240 python3 -m tuner.cli ab --hf-config "$cfg" --batch "$batch" \
+    --export "$D/export/nvidia-h200" --steps 16 --groups 12 --replays 8 -o "$D/ab" \
+    > "$D/ab.log" 2>&1; echo "ab rc=$?" | tee -a "$LOG"
+  grep -v "^  \.\. " "$D/ab.log" | tail -n 26 | tee -a "$LOG"
+  rm -rf "$D"/trace/*/traces "$D"/ab/*/traces
+done
+if [ -n "${GPU_TESTS:-}" ]; then
+  stamp "gpu tests"
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS 2>&1 | tail -n 25 | tee -a "$LOG"
+fi
+stamp "pack"
+cp "$LOG" "$W/"
+tar -czf "$OUT/session.tar.gz" -C "$W" . 2>/dev/null
+ls -la "$OUT" | tee -a "$LOG"
+stamp "done"
