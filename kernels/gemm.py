@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import COMMON_SOURCES, KernelFamily, format_shape_key
+from kernels import COMMON_SOURCES, KernelFamily, format_shape_key, skinny
 from kernels.common import (DTYPES, KernelCall, launch_options, pow2_at_least,
                             row_value, tensor_backend)
 from kernels.cost import gemm_cost
@@ -248,7 +248,14 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
 
     use_tma = int(config.get("TMA", 0)) == 1 and (backend or tensor_backend(a)) in ("cuda", "cpu")
     b_is_weight = b.dim() == 2 and b.stride(0) == 1  # the [k, n] view of a row-major [n, k] weight
-    if use_tma and tma_supported(a, b):
+    if int(config.get("SWAP_AB", 0)) == 1 and a.dim() == 2 and b.dim() == 2:
+        # out^T = W . A^T with the weight rows as the MMA's M side (kernels/skinny.py); batched
+        # (bmm) shapes keep the tiled kernel
+        kernel, sk_grid, args, sk_meta, sk_opts = skinny.plan(
+            b.t(), a, target, None, block_n=block_n, block_m=block_m, block_k=block_k,
+            split_k=split_k, use_tma=use_tma, options=opts, stride_cs=stride_cs, stride_cm=n)
+        calls = [KernelCall(kernel, sk_grid, args, sk_meta, sk_opts)]
+    elif use_tma and tma_supported(a, b):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, block_k])
@@ -314,7 +321,7 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
            and tiles_m * tiles_n < 256 and triton.cdiv(k, block_k) >= 4 * split_k * 2):
         split_k *= 2
     config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
-              "GROUP_M": 8 if tiles_m > 8 else 1, "SPLIT_K": split_k,
+              "GROUP_M": 8 if tiles_m > 8 else 1, "SPLIT_K": split_k, "SWAP_AB": 0,
               "num_warps": warps, "num_stages": 2 if hip else 3}
     if hip:
         config.update({"waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1})
@@ -384,5 +391,5 @@ FAMILY = KernelFamily(
     shape_from_row=shape_from_row,
     shape_key=shape_key,
     launch_plan=launch_plan,
-    source_files=(Path(__file__).resolve(), *COMMON_SOURCES),
+    source_files=(Path(__file__).resolve(), Path(skinny.__file__).resolve(), *COMMON_SOURCES),
 )

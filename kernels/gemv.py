@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import COMMON_SOURCES, KernelFamily, format_shape_key
+from kernels import COMMON_SOURCES, KernelFamily, format_shape_key, skinny
 from kernels.common import DTYPES, KernelCall, cdiv, interpreting, launch_options, tensor_backend
 from kernels.cost import gemm_cost
 
@@ -34,6 +34,8 @@ OPTIONAL_PARAMS = ("USE_DOT",)  # 0 (default): elementwise FMA + row sums; 1: tl
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 HIP_OPTIONS = ("waves_per_eu",)
 REDUCE_BLOCK_N = 1024
+DOT_ROWS = 16  # x rows of the dot variants, padded (tl.dot needs >= 16)
+SKINNY_SOURCE = Path(skinny.__file__).resolve()
 
 
 # --------------------------------------------------------------------------------------- kernels
@@ -42,7 +44,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, N, K, k_per_split,
                  stride_xm, stride_wn, stride_om,
                  M: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 STATIC_KPS: tl.constexpr = 0):
+                 STATIC_KPS: tl.constexpr = 0, PIPE_STAGES: tl.constexpr = 1):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * ROWS_PER_BLOCK + tl.arange(0, ROWS_PER_BLOCK)
@@ -63,7 +65,12 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, N, K, k_per_split,
     acc7 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
     # STATIC_KPS is 0 on a GPU (runtime trip count, one compile for every k); the CPU interpreter
     # passes k_per_split as a constant because it cannot loop to a runtime bound with numpy >= 2.4.
-    for k0 in range(0, k_per_split if STATIC_KPS == 0 else STATIC_KPS, BLOCK_K):
+    # PIPE_STAGES (the config's num_stages) > 1 asks Triton's pipeliner for this loop although
+    # its loads feed no tl.dot (a loop-level num_stages does that, Triton 3.6 and 3.9): the W and x
+    # tiles of the next PIPE_STAGES - 1 steps stream into shared memory with cp.async while this
+    # step's FMAs run; 1 is the plain loop (one W load per thread in flight between FMAs).
+    for k0 in tl.range(0, k_per_split if STATIC_KPS == 0 else STATIC_KPS, BLOCK_K,
+                       num_stages=PIPE_STAGES):
         offs_k = k_start + k0 + offs
         # x rows are loaded through a [R, BK] pointer tensor that repeats the row (zero offsets
         # along the rows): the loads get the W tile's register layout, each thread reads only
@@ -213,9 +220,13 @@ def check_config(config: dict) -> None:
             raise ValueError(f"gemv {p} must be a power of two, got {v}")
     if int(config["SPLIT_K"]) < 1:
         raise ValueError("gemv SPLIT_K must be >= 1")
-    if int(config.get("USE_DOT", 0)) and (int(config["ROWS_PER_BLOCK"]) < 16
-                                          or int(config["BLOCK_K"]) < 16):
-        raise ValueError("gemv USE_DOT=1 needs ROWS_PER_BLOCK >= 16 and BLOCK_K >= 16")
+    use_dot = int(config.get("USE_DOT", 0))
+    if use_dot not in (0, 1, 2):
+        raise ValueError(f"gemv USE_DOT must be 0, 1 or 2, got {use_dot}")
+    if use_dot and (int(config["ROWS_PER_BLOCK"]) < 16 or int(config["BLOCK_K"]) < 16):
+        raise ValueError(f"gemv USE_DOT={use_dot} needs ROWS_PER_BLOCK >= 16 and BLOCK_K >= 16")
+    if int(config.get("num_stages", 1)) < 1:
+        raise ValueError("gemv num_stages must be >= 1")
 
 
 def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
@@ -254,21 +265,40 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     part = out
     if split_k > 1:
         part = torch.empty((split_k, m, n), device=x.device, dtype=torch.float32)
-    kernel = _gemv_dot_kernel if int(config.get("USE_DOT", 0)) else _gemv_kernel
+    use_dot = int(config.get("USE_DOT", 0))
     has_bias = bias is not None
+    if use_dot == 2:  # the swap-AB skinny kernel (kernels/skinny.py): W is the MMA's M side
+        target, stride_cs, stride_cm = (out, 0, out.stride(0)) if split_k == 1 else (part, m * n, n)
+        kernel, grid, args, meta, options = skinny.plan(
+            weight, x, target, bias, block_n=rows, block_m=DOT_ROWS, block_k=block_k,
+            split_k=split_k, use_tma=backend in ("cuda", "cpu"), stride_cs=stride_cs,
+            stride_cm=stride_cm, options=launch_options(config, backend))
+        calls = [KernelCall(kernel, grid, args, meta, options)]
+        if split_k > 1:
+            calls.append(_reduce_call(part, out, bias, m, n, split_k))
+        return out, calls
+    kernel = _gemv_dot_kernel if use_dot else _gemv_kernel
     bias_arg = bias if has_bias else out  # never read when HAS_BIAS is False
     meta = dict(M=m, ROWS_PER_BLOCK=rows, BLOCK_K=block_k, SPLIT_K=split_k,
                 EVEN_K=kps * split_k == k,  # every slice is whole BLOCK_Ks inside k: no k mask
                 HAS_BIAS=has_bias, STATIC_KPS=kps if interpreting() else 0)
+    if kernel is _gemv_kernel:
+        meta["PIPE_STAGES"] = int(config.get("num_stages", 1))
     args = (x, weight, out, part, bias_arg, n, k, kps, x.stride(0), weight.stride(0), out.stride(0))
     calls = [KernelCall(kernel, (cdiv(n, rows), split_k), args, meta,
                         launch_options(config, backend, num_stages=1))]
     if split_k > 1:
-        calls.append(KernelCall(_splitk_reduce_kernel, (cdiv(n, REDUCE_BLOCK_N), m),
-                                (part, out, bias_arg, n, out.stride(0)),
-                                dict(M=m, SPLIT_K=split_k, BLOCK_N=REDUCE_BLOCK_N, HAS_BIAS=has_bias),
-                                {"num_warps": 4}))
+        calls.append(_reduce_call(part, out, bias, m, n, split_k))
     return out, calls
+
+
+def _reduce_call(part, out, bias, m: int, n: int, split_k: int) -> KernelCall:
+    """The fixed-order sum of the split-K partials [split_k, m, n] into out (+ bias)."""
+    has_bias = bias is not None
+    return KernelCall(_splitk_reduce_kernel, (cdiv(n, REDUCE_BLOCK_N), m),
+                      (part, out, bias if has_bias else out, n, out.stride(0)),
+                      dict(M=m, SPLIT_K=split_k, BLOCK_N=REDUCE_BLOCK_N, HAS_BIAS=has_bias),
+                      {"num_warps": 4})
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config: dict, out: torch.Tensor | None = None,
@@ -449,5 +479,5 @@ FAMILY = KernelFamily(
     shape_from_row=shape_from_row,
     shape_key=shape_key,
     launch_plan=launch_plan,
-    source_files=(Path(__file__).resolve(), *COMMON_SOURCES),
+    source_files=(Path(__file__).resolve(), SKINNY_SOURCE, *COMMON_SOURCES),
 )

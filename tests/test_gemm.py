@@ -6,6 +6,7 @@ import hashlib  # noqa: E402
 
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+import triton  # noqa: E402
 import torch  # noqa: E402
 
 from kernels import get_family  # noqa: E402
@@ -186,3 +187,62 @@ def test_real_prefill_rows_from_the_bundled_table():
     for shape in shapes:
         for backend in ("cuda", "hip", "dcu"):
             assert space_for("gemm", backend).allows(gemm.default_config(shape, backend), shape)
+
+
+# ------------------------------------------------- issue 15: SWAP_AB, the skinny decode kernel
+SKINNY = [
+    {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1, "SWAP_AB": 1, "TMA": 1},
+    {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "SPLIT_K": 3, "SWAP_AB": 1, "TMA": 1},
+    {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 2, "SWAP_AB": 1, "TMA": 0},
+]
+
+
+@pytest.mark.parametrize("m", [16, 17, 33])
+@pytest.mark.parametrize("layout", ["NT", "NN", "TN"])
+@pytest.mark.parametrize("config", SKINNY, ids=lambda c: f"{c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']}-sk{c['SPLIT_K']}-tma{c['TMA']}")
+def test_skinny_kernel_matches_fp32_reference(m, layout, config):
+    # n = 70 is no multiple of BLOCK_N, k = 40 none of BLOCK_K; m = 17 / 33 need a second,
+    # ragged activation tile. NT with TMA = 1 takes the descriptor kernel (80-byte rows).
+    shape = {"m": m, "n": 70, "k": 40, "dtype": "bfloat16", "layout": layout}
+    inputs = gemm.make_inputs(shape, "cpu", seed=m)
+    out = torch.full((m, 70), float("nan"), dtype=torch.bfloat16)
+    result = gemm.launch(inputs, config, out=out)
+    assert result.data_ptr() == out.data_ptr() and not torch.isnan(out).any()
+    _, calls = gemm.launch_plan(inputs, config)
+    want = "skinny_tma_kernel" if layout == "NT" and config["TMA"] else "skinny_kernel"
+    assert calls[0].kernel.fn.__name__ == want
+    assert calls[0].grid == (triton.cdiv(m, config["BLOCK_M"]), 2, config["SPLIT_K"])
+    assert rel_err(out, gemm.reference(inputs)) < TOLERANCE["bfloat16"]
+
+
+def test_skinny_split_k_is_deterministic_and_batched_shapes_keep_the_tiled_kernel():
+    shape = {"m": 20, "n": 64, "k": 128, "dtype": "float16", "layout": "NT"}
+    inputs = gemm.make_inputs(shape, "cpu", seed=9)
+    config = {**SKINNY[1], "SPLIT_K": 4}
+    first, second = gemm.launch(inputs, config), gemm.launch(inputs, config)
+    assert digest(first) == digest(second)
+    assert rel_err(first, gemm.reference(inputs)) < TOLERANCE["float16"]
+    bmm = gemm.make_inputs({**shape, "batch": 2, "layout": "NN"}, "cpu", seed=9)
+    _, calls = gemm.launch_plan(bmm, SKINNY[0])
+    assert calls[0].kernel is gemm.gemm_kernel
+    assert rel_err(gemm.launch(bmm, SKINNY[0]), gemm.reference(bmm)) < TOLERANCE["float16"]
+
+
+def test_swap_ab_in_the_spaces():
+    shape = {"m": 32, "n": 14336, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
+    config = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 1,
+              "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "TMA": 1}
+    cuda = space_for("gemm", "cuda")
+    assert cuda.check(config, shape) == ""
+    assert cuda.check({**config, "num_stages": 6}, shape) != ""  # 6 x 160 x 128 x 2 B > 227 KB
+    assert cuda.check({**config, "BLOCK_N": 32}, shape) != ""  # below wgmma's 64 rows
+    assert cuda.check({**config, "SWAP_AB": 0, "BLOCK_K": 256}, shape) != ""  # 256: skinny only
+    assert not cuda.allows(config, {**shape, "m": 512})  # decode batch sizes only
+    hip = space_for("gemm", "hip")
+    amd = {**{k: v for k, v in config.items() if k != "TMA"}, "BLOCK_K": 64, "num_stages": 2,
+           "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1}
+    assert hip.check(amd, shape) == ""
+    assert "SWAP_AB" in space_for("gemm", "dcu").params
+    # every default config names SWAP_AB (the loader refuses configs with missing parameters)
+    for backend in ("cuda", "hip", "dcu"):
+        assert gemm.default_config(shape, backend)["SWAP_AB"] == 0

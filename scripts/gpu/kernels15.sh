@@ -1,0 +1,503 @@
+#!/usr/bin/env bash
+# Issue 15: decode linears at the bandwidth limit, m = 1..256, on one H200 (under 7 minutes).
+#   PYTHONPATH=$PWD bash scripts/gpu/kernels15.sh        (log: $OUT/kernels15.log)
+#
+# For the Qwen3-8B and Llama-3.1-8B decode linears (split and merged: q/o 4096x4096, kv
+# 1024x4096, qkv 6144x4096, gate/up 12288|14336x4096, gate_up 24576|28672x4096, down
+# 4096x12288|14336; NT bf16, n x k = weight [out, in]) at m = 1, 4, 8 (gemv family) and
+# 16, 32, 64, 128, 256 (gemm family):
+#   0. device, measured read bandwidth (tuner.device.measure_read_bandwidth, 2 GiB; again at
+#      the end), A/A noise of the protocol on two shapes;
+#   1. compiles every candidate of every case first, in a thread pool (triton.AsyncCompileMode
+#      + JITFunction.warmup on meta tensors: the launches then hit the in-memory cache);
+#   2. per case: torch (F.linear's cuBLAS path: the family baseline), the family default and a
+#      bounded, reasoned candidate list per variant (gemv: FMA, FMA pipelined through a
+#      loop-level num_stages, USE_DOT 1 tl.dot, USE_DOT 2 swap-AB wgmma/TMA skinny kernel; gemm:
+#      the tiled kernel with / without TMA, SWAP_AB 1 skinny kernel with / without TMA; split-K
+#      where the weight rows alone give too few programs), all filtered by the cuda search space;
+#      parity facts of every candidate on fresh random inputs (tuner.parity.Checker: bitwise vs
+#      torch, the default's class, error vs fp32 over torch's); sweep timing (tuner.bench, CUDA
+#      graph replays, cold L2, 5x5); the best (accuracy gate) and the default then paired against
+#      torch (tuner.bench.compare, 10 groups, 95% interval); a graph-safety check of the best
+#      (captured, inputs overwritten in place, replayed: must equal an eager run on the new data).
+#   3. tables last: per case (TB/s, % of measured bandwidth, speedup [95% CI], parity, winner),
+#      the best time of each variant per case (which variant wins), and per model the decode step
+#      of its linears (sum over layers) against bytes / bandwidth and torch.
+# Budget KERNELS15_BUDGET_S (default 390 s): no case starts after it; cases are ordered so a cut
+# drops the least informative last. A RESULTS-JSON line holds every number.
+# CPU check of the Python (interpreter, tiny shapes, numbers meaningless):
+#   KERNELS15_SMOKE=1 OUT=/tmp/k15 bash scripts/gpu/kernels15.sh
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>/dev/null || true
+  git log -1 --format='commit %H %s' 2>/dev/null || true
+  git status --short -- kernels search_spaces scripts/gpu/kernels15.sh 2>/dev/null | head -20
+} 2>&1 | tee "$OUT/kernels15.log"
+python3 - 2>&1 <<'PY' | tee -a "$OUT/kernels15.log"
+import json
+import math
+import os
+import time
+import traceback
+
+SMOKE = os.environ.get("KERNELS15_SMOKE") == "1"
+PLAN_ONLY = os.environ.get("KERNELS15_PLAN_ONLY") == "1"  # print the candidates per case, exit
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"
+BUDGET_S = float(os.environ.get("KERNELS15_BUDGET_S", "390"))
+START = time.time()
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from kernels import gemm, gemv  # noqa: E402
+from kernels.common import pow2_at_least  # noqa: E402
+from tuner import bench, parity  # noqa: E402
+from tuner.spaces import space_for  # noqa: E402
+
+DEVICE = "cpu" if SMOKE else None
+CACHE = "warm" if SMOKE else "cold"
+TINY = dict(target_graph_us=1.0, min_calls=1) if SMOKE else {}
+SWEEP = dict(groups=1, replays=1, **TINY) if SMOKE else dict(groups=5, replays=5)
+PAIRED = dict(groups=2, replays=1, **TINY) if SMOKE else dict(groups=10, replays=5)
+SEEDS = 1 if SMOKE else 3
+GATE, MARGIN = "accuracy", parity.DEFAULT_MARGIN
+RESULTS = {"cases": [], "bandwidth": None, "bandwidth_end": None, "aa": [], "compile": {}}
+
+
+def elapsed() -> float:
+    return time.time() - START
+
+
+def say(*args):
+    print(f"[{elapsed():6.1f}s]", *args, flush=True)
+
+
+def sync():
+    if torch.cuda.is_available() and not SMOKE:
+        torch.cuda.synchronize()
+
+
+def free():
+    if torch.cuda.is_available() and not SMOKE:
+        torch.cuda.empty_cache()
+
+
+def reason(exc) -> str:
+    text = getattr(exc, "reason", None) or str(exc)
+    return f"{type(exc).__name__}: {text.strip().splitlines()[0][:200] if text.strip() else ''}"
+
+
+# ------------------------------------------------------------------------------------- shapes
+MODELS = {  # name: (layers, [(linear, n, k, calls per layer)] split, merged)
+    "Qwen3-8B": (36, [("q", 4096, 4096, 1), ("k", 1024, 4096, 1), ("v", 1024, 4096, 1),
+                      ("o", 4096, 4096, 1), ("gate", 12288, 4096, 1), ("up", 12288, 4096, 1),
+                      ("down", 4096, 12288, 1)],
+                 [("qkv", 6144, 4096, 1), ("o", 4096, 4096, 1), ("gate_up", 24576, 4096, 1),
+                  ("down", 4096, 12288, 1)]),
+    "Llama-3.1-8B": (32, [("q", 4096, 4096, 1), ("k", 1024, 4096, 1), ("v", 1024, 4096, 1),
+                          ("o", 4096, 4096, 1), ("gate", 14336, 4096, 1), ("up", 14336, 4096, 1),
+                          ("down", 4096, 14336, 1)],
+                     [("qkv", 6144, 4096, 1), ("o", 4096, 4096, 1), ("gate_up", 28672, 4096, 1),
+                      ("down", 4096, 14336, 1)]),
+}
+NK = [(4096, 4096, "q/o"), (1024, 4096, "kv"), (6144, 4096, "qkv"), (12288, 4096, "Qgate/up"),
+      (14336, 4096, "Lgate/up"), (4096, 12288, "Qdown"), (4096, 14336, "Ldown"),
+      (24576, 4096, "Qgate_up"), (28672, 4096, "Lgate_up")]
+M_ORDER = (1, 32, 4, 128, 16, 8, 64, 256)  # interleaved: a spent budget cuts the m=256 cases last
+if SMOKE:
+    NK, M_ORDER = [(72, 96, "tiny"), (40, 104, "tiny2")], (1, 3, 17)
+    MODELS = {"tiny": (2, [("a", 72, 96, 1)], [("a", 72, 96, 1), ("b", 40, 104, 1)])}
+
+
+def family_for(m: int):
+    return gemv.FAMILY if m <= gemv.MAX_M else gemm.FAMILY
+
+
+def shape_for(m: int, n: int, k: int) -> dict:
+    if m <= gemv.MAX_M:
+        return {"m": m, "n": n, "k": k, "dtype": "bfloat16"}
+    return {"m": m, "n": n, "k": k, "dtype": "bfloat16", "layout": "NT"}
+
+
+SMS = 132 if SMOKE or PLAN_ONLY else torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def variant(family, config: dict) -> str:
+    if family is gemv.FAMILY:
+        dot = int(config.get("USE_DOT", 0))
+        if dot == 0:
+            return "fma-pipe" if int(config.get("num_stages", 1)) > 1 else "fma"
+        return "dot" if dot == 1 else "skinny"
+    name = "skinny" if int(config.get("SWAP_AB", 0)) else "tiled"
+    return name + ("-tma" if int(config.get("TMA", 0)) else "")
+
+
+def short(config: dict) -> str:
+    keys = {"ROWS_PER_BLOCK": "R", "BLOCK_M": "M", "BLOCK_N": "N", "BLOCK_K": "K", "SPLIT_K": "sk",
+            "GROUP_M": "g", "num_warps": "w", "num_stages": "s", "USE_DOT": "dot", "TMA": "tma",
+            "SWAP_AB": "swap"}
+    skip = {"GROUP_M": 1, "SPLIT_K": 1, "USE_DOT": 0, "TMA": 0, "SWAP_AB": 0}
+    return ",".join(f"{keys[k]}{v}" for k, v in config.items() if k in keys and skip.get(k) != v)
+
+
+def split_for(programs: int, k: int, block_k: int, min_tiles_per_split: int) -> list[int]:
+    """For a grid of fewer programs than SMs: the split-K value that brings it nearest 1.5
+    programs an SM, keeping min_tiles_per_split BLOCK_Ks a slice."""
+    if programs >= SMS:
+        return []
+    fits = [s for s in (2, 4, 8, 16) if triton.cdiv(k, block_k) >= min_tiles_per_split * s]
+    return sorted(fits, key=lambda s: abs(math.log(programs * s / (1.5 * SMS))))[:1]
+
+
+def gemv_candidates(shape: dict) -> list[tuple[dict, bool]]:
+    """(config, also try split-K) for m = 1..8."""
+    m = shape["m"]
+    fma = lambda r, bk, w, s=1: {"ROWS_PER_BLOCK": r, "BLOCK_K": bk, "num_warps": w,
+                                  "num_stages": s, "USE_DOT": 0}
+    dot = lambda r, bk, w, s, d: {"ROWS_PER_BLOCK": r, "BLOCK_K": bk, "num_warps": w,
+                                  "num_stages": s, "USE_DOT": d}
+    # plain FMA: the m = 1 winners of the 2026-11-29 sweep (R1/R2 BK1024), and a wider load
+    base = [(fma(1, 1024, 4), False)]
+    if m == 1:
+        base += [(fma(2, 1024, 4), False), (fma(1, 2048, 8), False)]
+    # FMA pipelined through the loop-level num_stages (cp.async of the next tiles into shared
+    # memory): predicted to hide the load latency the plain loop exposes once a step (R1 BK1024
+    # w4: one 16-byte W load per thread in flight between FMAs); 3-4 stages keep 2-3 in flight
+    base += [(fma(1, 1024, 4, 3), False), (fma(1, 1024, 4, 4), False)]
+    if m == 1:
+        base += [(fma(2, 512, 4, 3), False)]
+    # USE_DOT 1 (mma.sync, cp.async stages): the m >= 2 default and a searched winner
+    base += [(dot(32, 128, 4, 4, 1), True), (dot(64, 128, 4, 4, 1), False)]
+    # USE_DOT 2 (swap-AB wgmma, W by TMA): 64 / 128 weight rows a program, 4-6 stages in flight
+    base += [(dot(64, 128, 4, 4, 2), True), (dot(64, 128, 4, 6, 2), False),
+             (dot(128, 128, 4, 4, 2), True), (dot(128, 128, 8, 4, 2), False),
+             (dot(64, 256, 4, 4, 2), False)]
+    n, k = shape["n"], shape["k"]
+    configs = []
+    for c, splittable in base:
+        configs.append({**c, "SPLIT_K": 1})
+        if splittable:
+            configs += [{**c, "SPLIT_K": s}
+                        for s in split_for(triton.cdiv(n, c["ROWS_PER_BLOCK"]), k, c["BLOCK_K"], 2)]
+    return configs
+
+
+def gemm_candidates(shape: dict) -> list[dict]:
+    m, n, k = shape["m"], shape["n"], shape["k"]
+    bm = max(16, min(64 if m < 128 else 128, pow2_at_least(m)))
+    tiled = lambda bm_, bn, bk, w, s, tma: {"BLOCK_M": bm_, "BLOCK_N": bn, "BLOCK_K": bk,
+                                            "GROUP_M": 1, "num_warps": w, "num_stages": s,
+                                            "TMA": tma, "SWAP_AB": 0}
+    skinny = lambda bm_, bn, bk, w, s, tma=1: {"BLOCK_M": bm_, "BLOCK_N": bn, "BLOCK_K": bk,
+                                               "GROUP_M": 1, "num_warps": w, "num_stages": s,
+                                               "TMA": tma, "SWAP_AB": 1}
+    base = []
+    if m < 256:  # the tiled kernel's narrow tiles (the 2026-11-29 sweep's winners at m <= 64)
+        base += [(tiled(bm, 64, 128, 4, 4, 0), True), (tiled(bm, 64, 128, 4, 4, 1), True),
+                 (tiled(bm, 128, 64, 4, 4, 1), False)]
+    if m >= 128:  # wgmma tiles of the tiled kernel
+        base += [(tiled(128, 128, 64, 8, 3, 1), True), (tiled(128, 128, 64, 8, 4, 0), False),
+                 (tiled(128, 256, 64, 8, 3, 1), False)]
+    # the swap-AB skinny kernel: weight rows on wgmma's M side, activation rows on its N side
+    # (BLOCK_M = m up to 128; two tiles, or one of 256, at m = 256), the deepest TMA pipeline
+    # that fits the shared memory
+    sm = min(128, pow2_at_least(m))
+    base += [(skinny(sm, 64, 128, 4, 6 if sm <= 64 else 4), True),
+             (skinny(sm, 64, 256, 4, 4 if sm <= 32 else 3), False),
+             (skinny(sm, 128, 128, 4, 6 if sm <= 16 else 4 if sm <= 64 else 3), True),
+             (skinny(sm, 128, 64, 8, 6), False), (skinny(sm, 64, 128, 4, 4, tma=0), False)]
+    if m >= 64:
+        base += [(skinny(sm, 128, 128, 8, 4), False)]
+    if m >= 256:
+        base += [(skinny(256, 64, 64, 4, 4), False), (skinny(256, 128, 64, 8, 3), False)]
+    configs = []
+    for c, splittable in base:
+        configs.append({**c, "SPLIT_K": 1})
+        if splittable:
+            tiles = triton.cdiv(n, c["BLOCK_N"]) * triton.cdiv(m, c["BLOCK_M"])
+            configs += [{**c, "SPLIT_K": s} for s in split_for(tiles, k, c["BLOCK_K"], 4)]
+    return configs
+
+
+def candidates(family, shape: dict) -> list[dict]:
+    space = space_for(family.name, "cuda")
+    raw = gemv_candidates(shape) if family is gemv.FAMILY else gemm_candidates(shape)
+    default = family.default_config(shape, "cuda", sm_count=SMS)
+    out, seen = [default], {json.dumps(default, sort_keys=True)}
+    for c in raw:
+        full = {p: c.get(p, default.get(p)) for p in space.params}
+        key = json.dumps(full, sort_keys=True)
+        if key in seen or not space.allows(full, shape):
+            continue
+        seen.add(key)
+        out.append(full)
+    return out
+
+
+CASES = [(m, n, k, tag) for m in M_ORDER for n, k, tag in NK]
+if PLAN_ONLY:
+    total = 0
+    for m, n, k, tag in CASES:
+        fam = family_for(m)
+        configs = candidates(fam, shape_for(m, n, k))
+        total += len(configs)
+        print(f"m={m} {n}x{k} {fam.name}: {len(configs)}: " + "  ".join(
+            f"{variant(fam, c)}:{short(c)}" for c in configs))
+    print(f"{len(CASES)} cases, {total} candidates")
+    raise SystemExit(0)
+
+
+# ------------------------------------------------------------------------------------ device
+def read_bandwidth() -> float | None:
+    if SMOKE:
+        return 1e9
+    try:
+        from tuner.device import measure_read_bandwidth
+
+        bw = measure_read_bandwidth(2 << 30)
+        say(f"measured read bandwidth {bw['bytes_per_s'] / 1e12:.3f} TB/s (triton stream "
+            f"{bw['triton_stream_bytes_per_s'] / 1e12:.3f}, torch sum {bw['torch_sum_bytes_per_s'] / 1e12:.3f}; "
+            f"{bw['buffer_bytes'] / 2**30:.1f} GiB)")
+        return bw["bytes_per_s"]
+    except Exception as exc:  # noqa: BLE001
+        say(f"read bandwidth measurement failed: {reason(exc)}")
+        return None
+
+
+if not SMOKE:
+    props = torch.cuda.get_device_properties(0)
+    say(f"device {props.name}  SMs {props.multi_processor_count}  L2 {bench.l2_bytes() / 2**20:.0f} MiB  "
+        f"torch {torch.__version__}  triton {triton.__version__}  backend {bench.backend_name()}")
+    if bench.backend_name() != "cuda":
+        say("this script is for an NVIDIA sm90 GPU (its candidates are the cuda space's)")
+else:
+    say("SMOKE: CPU, TRITON_INTERPRET=1, tiny shapes, warm cache; the numbers mean nothing")
+RESULTS["bandwidth"] = read_bandwidth()
+BW = RESULTS["bandwidth"] or float("nan")
+
+
+# ----------------------------------------------------------------------- compile everything
+def precompile(jobs) -> dict:
+    """{(family, shape_key, config_json): failure reason} after compiling every kernel of every
+    job in a thread pool (Triton's compiles release the GIL; ptxas is a child process)."""
+    failures = {}
+    if SMOKE:
+        return failures
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = max(2, min(14, (os.cpu_count() or 4) - 2))
+    t0 = time.time()
+    kernels = 0
+    try:
+        with ThreadPoolExecutor(workers) as pool, triton.AsyncCompileMode(pool, ignore_errors=True):
+            for family, shape, config in jobs:
+                try:
+                    inputs = family.make_inputs(shape, "meta")
+                    _, calls = family.launch_plan(inputs, config, backend="cuda")
+                    for call in calls:
+                        call.kernel.warmup(*call.args, grid=call.grid, **call.constexprs,
+                                           **call.options)
+                        kernels += 1
+                except Exception as exc:  # noqa: BLE001 - compiled again (and failing) at run time
+                    failures[(family.name, family.shape_key(shape), json.dumps(config, sort_keys=True))] = reason(exc)
+    except Exception as exc:  # noqa: BLE001 - the runs compile lazily then
+        say(f"precompile stopped: {reason(exc)}")
+    RESULTS["compile"] = {"jobs": len(jobs), "kernel_warmups": kernels, "workers": workers,
+                          "seconds": round(time.time() - t0, 1), "failures": len(failures)}
+    say(f"precompiled {kernels} kernel launches of {len(jobs)} (shape, config) jobs with {workers} "
+        f"threads in {time.time() - t0:.1f} s; {len(failures)} jobs failed to plan/compile")
+    for key, why in list(failures.items())[:10]:
+        say(f"   compile failure {key}: {why}")
+    return failures
+
+
+JOBS = []
+PLAN = {}
+for m, n, k, tag in CASES:
+    fam = family_for(m)
+    shape = shape_for(m, n, k)
+    PLAN[(m, n, k)] = candidates(fam, shape)
+    JOBS += [(fam, shape, c) for c in PLAN[(m, n, k)]]
+say(f"{len(CASES)} cases, {len(JOBS)} (shape, config) candidates in all "
+    f"({min(len(v) for v in PLAN.values())}-{max(len(v) for v in PLAN.values())} a case, default included)")
+COMPILE_FAILURES = precompile(JOBS)
+
+
+# ------------------------------------------------------------------------------------- A/A
+def aa(m, n, k):
+    fam, shape = family_for(m), shape_for(m, n, k)
+    try:
+        p = bench.aa_noise(fam, shape, "baseline", cache=CACHE, device=DEVICE, **PAIRED)
+        row = {"shape": fam.shape_key(shape), "ratio": p.speedup, "low": p.speedup_low,
+               "high": p.speedup_high, "spread_pct": p.noise_pct}
+        RESULTS["aa"].append(row)
+        say(f"A/A torch {row['shape']}: {p.speedup:.4f} [{p.speedup_low:.4f}, {p.speedup_high:.4f}], "
+            f"group spread ±{p.noise_pct:.2f}%")
+    except Exception as exc:  # noqa: BLE001
+        say(f"A/A {m}x{n}x{k} failed: {reason(exc)}")
+
+
+aa(1, 4096, 4096) if not SMOKE else aa(1, 72, 96)
+aa(32, 14336, 4096) if not SMOKE else aa(17, 72, 96)
+
+
+# -------------------------------------------------------------------------------- the cases
+def graph_safe(family, shape, config) -> str:
+    """'ok' when a CUDA graph of one launch, replayed after the inputs were overwritten in place
+    with new random values, gives the bytes of an eager launch on those values."""
+    if SMOKE:
+        return "n/a (cpu)"
+    try:
+        first = family.make_inputs(shape, torch.device("cuda"), 77)
+        second = family.make_inputs(shape, torch.device("cuda"), 78)
+        out = family.launch(first, config)  # compiled and warm before the capture
+        sync()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            family.launch(first, config, out=out)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            family.launch(first, config, out=out)
+        for name, tensor in first.items():
+            tensor.copy_(second[name])
+        out.fill_(float("nan"))
+        graph.replay()
+        sync()
+        eager = family.launch(second, config)
+        sync()
+        same = parity.output_hash(out) == parity.output_hash(eager)
+        return "ok" if same else "STALE"
+    except Exception as exc:  # noqa: BLE001
+        return f"failed: {reason(exc)[:80]}"
+
+
+def run_case(m, n, k, tag):
+    fam, shape = family_for(m), shape_for(m, n, k)
+    key = fam.shape_key(shape)
+    configs = PLAN[(m, n, k)]
+    default = configs[0]
+    say(f"-- {fam.name} {tag} {key}: {len(configs)} configs "
+        f"({fam.bytes_moved(shape) / 1e6:.1f} MB, floor {fam.bytes_moved(shape) / BW * 1e6:.2f} us at the measured bandwidth)")
+    sets = bench.make_input_sets(fam, shape, CACHE, DEVICE)
+    checker = parity.Checker(fam, shape, device=DEVICE, seeds=SEEDS)
+    base_t = bench.time_config(fam, shape, "baseline", cache=CACHE, device=DEVICE, input_sets=sets, **SWEEP)
+    say(f"   torch {base_t.median_us:9.2f} us ({len(sets)} input sets, "
+        f"{sum(bench._tensor_bytes(s) for s in sets) / 2**20:.0f} MiB rotated)")
+    rows = []
+    for config in configs:
+        label = "default" if config is default else variant(fam, config)
+        ckey = (fam.name, key, json.dumps(config, sort_keys=True))
+        row = {"config": config, "variant": variant(fam, config), "label": label}
+        try:
+            if ckey in COMPILE_FAILURES:
+                raise RuntimeError(COMPILE_FAILURES[ckey])
+            facts = checker.facts(config)
+            t = bench.time_config(fam, shape, config, cache=CACHE, device=DEVICE, input_sets=sets, **SWEEP)
+            row.update(us=t.median_us, spread=t.spread_pct, facts=facts.to_attrs(),
+                       passes=facts.passes(GATE, MARGIN))
+            say(f"   {label:9} {short(config):40} {t.median_us:9.2f} us  x{base_t.median_us / t.median_us:5.3f}  "
+                f"{'=torch' if facts.bitwise_vs_baseline else ('=dflt' if facts.bitwise_vs_default else 'other')} "
+                f"err x{facts.error_ratio:.2f}{'' if row['passes'] else '  FAILS ' + GATE}")
+        except Exception as exc:  # noqa: BLE001 - a failing candidate is data
+            row.update(us=None, failure=reason(exc))
+            say(f"   {label:9} {short(config):40} FAILED {row['failure']}")
+        rows.append(row)
+    ok = [r for r in rows if r.get("us") is not None and r.get("passes")]
+    case = {"m": m, "n": n, "k": k, "tag": tag, "family": fam.name, "shape": key,
+            "bytes": fam.bytes_moved(shape), "torch_sweep_us": base_t.median_us, "rows": rows}
+    if not ok:
+        say("   no candidate ran and passed parity")
+        RESULTS["cases"].append(case)
+        return
+    best = min(ok, key=lambda r: r["us"])
+    by_variant = {}
+    for r in ok:
+        if r["variant"] not in by_variant or r["us"] < by_variant[r["variant"]]["us"]:
+            by_variant[r["variant"]] = r
+    case["by_variant"] = {v: {"us": r["us"], "config": r["config"]} for v, r in by_variant.items()}
+    paired_best = bench.compare(fam, shape, best["config"], "baseline", cache=CACHE, device=DEVICE,
+                                input_sets=sets, **PAIRED)
+    drow = rows[0]
+    paired_default = None
+    if drow.get("us") is not None:
+        paired_default = paired_best if best is drow else bench.compare(
+            fam, shape, default, "baseline", cache=CACHE, device=DEVICE, input_sets=sets, **PAIRED)
+    case.update(best=best["config"], best_variant=best["variant"], best_facts=best["facts"],
+                torch_us=paired_best.reference_us, best_us=paired_best.candidate_us,
+                speedup=paired_best.speedup, low=paired_best.speedup_low, high=paired_best.speedup_high,
+                noise_pct=paired_best.noise_pct, graph=graph_safe(fam, shape, best["config"]))
+    if paired_default is not None:
+        case.update(default_us=paired_default.candidate_us, default_speedup=paired_default.speedup,
+                    default_low=paired_default.speedup_low, default_high=paired_default.speedup_high)
+    case["best_tbps"] = case["bytes"] / case["best_us"] / 1e6
+    case["torch_tbps"] = case["bytes"] / case["torch_us"] / 1e6
+    case["best_pct_bw"] = 100 * case["bytes"] / (case["best_us"] * 1e-6) / BW
+    f = best["facts"]
+    say(f"   BEST {best['variant']} {short(best['config'])}: {case['best_us']:.2f} us vs torch {case['torch_us']:.2f} "
+        f"({case['best_tbps']:.2f} TB/s, {case['best_pct_bw']:.0f}% of bw): x{case['speedup']:.3f} "
+        f"[{case['low']:.3f}, {case['high']:.3f}]; default x{case.get('default_speedup', float('nan')):.3f}; "
+        f"bitwise=torch {f['bitwise_vs_baseline']}, =default {f['bitwise_vs_default']}, "
+        f"err {f['error_vs_reference']:.2e} (torch {f['baseline_error_vs_reference']:.2e}); graph {case['graph']}")
+    RESULTS["cases"].append(case)
+
+
+for m, n, k, tag in CASES:
+    if elapsed() > BUDGET_S:
+        say(f"time budget spent: skipping m={m} {n}x{k}")
+        continue
+    try:
+        run_case(m, n, k, tag)
+    except Exception:  # noqa: BLE001
+        say(f"   case m={m} {n}x{k} FAILED\n" + traceback.format_exc(limit=4))
+    free()
+
+RESULTS["bandwidth_end"] = read_bandwidth()
+
+# ------------------------------------------------------------------------------------ tables
+print("\nRESULTS-JSON " + json.dumps(RESULTS, default=str))
+done = {(c["m"], c["n"], c["k"]): c for c in RESULTS["cases"] if "best_us" in c}
+variants = ["fma", "fma-pipe", "dot", "skinny", "tiled", "tiled-tma", "skinny-tma"]
+print(f"\n== which variant wins: best sweep us of each variant per case (gemv m<=8, gemm m>=16)  [{elapsed():.0f}s]")
+print(f"{'m':>3} {'n x k':>11} {'torch':>7} " + " ".join(f"{v:>10}" for v in variants))
+for (m, n, k), c in sorted(done.items()):
+    cells = [f"{c['by_variant'][v]['us']:10.2f}" if v in c["by_variant"] else f"{'-':>10}" for v in variants]
+    print(f"{m:3} {f'{n}x{k}':>11} {c['torch_sweep_us']:7.2f} " + " ".join(cells))
+
+print("\n== per model: decode-step linears (layers x calls), sum of times; floor = bytes / measured bandwidth")
+for model, (layers, split, merged) in MODELS.items():
+    for kind, linears in (("split", split), ("merged", merged)):
+        for m in sorted({c[0] for c in done}):
+            have = [(n, k, calls) for _, n, k, calls in linears if (m, n, k) in done]
+            if len(have) != len(linears):
+                continue
+            tot = lambda f: layers * sum(calls * f(done[(m, n, k)]) for n, k, calls in have)
+            best, torch_us, dflt = tot(lambda c: c["best_us"]), tot(lambda c: c["torch_us"]), \
+                tot(lambda c: c.get("default_us") or float("nan"))
+            floor = tot(lambda c: c["bytes"] / BW * 1e6)
+            print(f"{model:13} {kind:6} m={m:<3} best {best:9.1f} us ({best / floor:.3f}x floor, "
+                  f"{tot(lambda c: c['bytes']) / best / 1e6:.2f} TB/s)  torch {torch_us:9.1f} us  "
+                  f"default {dflt:9.1f} us  best/torch x{torch_us / best:.3f}  default/torch x{torch_us / dflt:.3f}")
+
+print(f"\n== per case (paired vs torch, cold L2, bf16; measured read bw {BW / 1e12:.3f} TB/s, at the end "
+      f"{(RESULTS['bandwidth_end'] or float('nan')) / 1e12:.3f}); parity: T = bitwise torch, D = default's class, "
+      f"e = error / torch's; graph: replay after in-place input change")
+print(f"{'m':>3} {'n x k':>11} {'torch us':>8} {'best us':>8} {'TB/s':>5} {'%bw':>4} {'best x [95% CI]':>22} "
+      f"{'dflt x':>6} {'par':>9} {'graph':>5}  winner")
+for (m, n, k), c in sorted(done.items()):
+    f = c["best_facts"]
+    par = f"{'T' if f['bitwise_vs_baseline'] else '-'}{'D' if f['bitwise_vs_default'] else '-'} e{f['error_ratio']:.2f}"
+    print(f"{m:3} {f'{n}x{k}':>11} {c['torch_us']:8.2f} {c['best_us']:8.2f} {c['best_tbps']:5.2f} {c['best_pct_bw']:4.0f} "
+          f"{c['speedup']:6.3f} [{c['low']:.3f},{c['high']:.3f}] {c.get('default_speedup', float('nan')):6.3f} "
+          f"{par:>9} {c['graph'][:5]:>5}  {c['best_variant']}:{short(c['best'])}")
+missing = [f"m={m} {n}x{k}" for m, n, k, _ in CASES if (m, n, k) not in done]
+if missing:
+    print(f"not measured ({len(missing)}): " + ", ".join(missing))
+PY
