@@ -33,11 +33,11 @@ SHAPES = {
 }
 SAMPLES = {"cuda": 2, "hip": 2, "dcu": 1}  # random kept configs per shape, plus the default
 
-BIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "num_warps": 8, "num_stages": 5}
-LDS = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 1, "num_warps": 8,
+BIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8, "num_stages": 5}
+LDS = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8,
        "num_stages": 3, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1}
-SPILLING = {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3}
-TMA = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "num_warps": 8,
+SPILLING = {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8, "num_stages": 3}
+TMA = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8,
        "num_stages": 4, "TMA": 1}
 
 

@@ -500,8 +500,8 @@ def _add_export(sub) -> None:
                    help="verdict parquet files (default: every *.parquet under artifacts/verdicts)")
     _family_flag(p, default=None, what="export only this family")
     p.add_argument("--format", choices=("native", "vllm"), default="native",
-                   help="vllm: also write vLLM-style N=..,K=..,device_name=..,dtype=...json files "
-                   "keyed by M (gemv, gemm)")
+                   help="native (default): <family>.json per device; vllm: also write vLLM-style "
+                   "N=..,K=..,device_name=..,dtype=...json files keyed by M (gemv, gemm)")
     p.add_argument("-o", "--output", metavar="DIR", default="artifacts/export",
                    help="export root (default artifacts/export)")
     p.add_argument("--no-kernel-check", action="store_true",
