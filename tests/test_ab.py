@@ -94,7 +94,8 @@ def test_attribution_splits_the_saving_per_shape_and_the_residual():
               "k": 4096, "calls_per_step": 36.0, "us_per_call": 8.0, "kernels": "_gemv_kernel",
               "step_us": 880.0, "step_gpu_us": 820.0}]
     rows, residual = abv.attribution_rows({"baseline": base, "tuned": tuned},
-                                          {"m=1,n=4096,k=4096": 60.0})
+                                          {"m=1,n=4096,k=4096": 60.0},
+                                          {"baseline": 1000.0, "tuned": 880.0})
     (row,) = rows
     assert row["measured_saving_us"] == pytest.approx(72.0)
     assert row["projected_saving_us"] == 60.0

@@ -154,14 +154,17 @@ def _outputs(verdict: ABVerdict, data: dict, margin: float) -> None:
             f"{tf['baseline']['agreement']:.3f} - floor {floor:.3f}")
 
 
-def attribution_rows(tables: dict, projected: dict) -> tuple[list, dict]:
+def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None
+                     ) -> tuple[list, dict]:
     """Per shape (m, n, k): each arm's kernel time per step and kernels per call (from the
     harvested graph replays of the arms), the measured and the projected saving.
 
     `tables`: arm -> list of ShapeTable rows as dicts (op, family, m, n, k, calls_per_step,
-    us_per_call, kernels, step_us, step_gpu_us); `projected`: 'm=..,n=..,k=..' -> projected
-    saving µs per step. Returns (rows, residual) with residual: the step-time difference not in
-    these shapes, split into other kernels and idle / launch gaps."""
+    us_per_call, kernels, step_gpu_us); `projected`: 'm=..,n=..,k=..' -> projected saving µs per
+    step; `step_us`: arm -> its timed step (median of the timed replays; the profiled replays'
+    wall time carries the profiler's own cost, so it is not used). Returns (rows, residual) with
+    residual: the timed step difference split into the attributed shapes' kernels, the other
+    kernels (GPU-busy time outside them) and idle / launch gaps (timed step - GPU-busy time)."""
     per: dict = {}
     totals: dict = {}
     for arm, rows in tables.items():
@@ -201,11 +204,14 @@ def attribution_rows(tables: dict, projected: dict) -> tuple[list, dict]:
     residual = {}
     if "baseline" in totals and "tuned" in totals:
         b, t = totals["baseline"], totals["tuned"]
+        wall_b = (step_us or {}).get("baseline", b["wall_us"])
+        wall_t = (step_us or {}).get("tuned", t["wall_us"])
         residual = {
             "attributed_kernels_us": b["attributed_us"] - t["attributed_us"],
             "other_kernels_us": (b["busy_us"] - b["attributed_us"]) - (t["busy_us"] - t["attributed_us"]),
-            "idle_and_launch_gaps_us": (b["wall_us"] - b["busy_us"]) - (t["wall_us"] - t["busy_us"]),
-            "baseline_step_wall_us": b["wall_us"], "tuned_step_wall_us": t["wall_us"]}
+            "idle_and_launch_gaps_us": (wall_b - b["busy_us"]) - (wall_t - t["busy_us"]),
+            "baseline_gpu_busy_us": b["busy_us"], "tuned_gpu_busy_us": t["busy_us"],
+            "baseline_step_us": wall_b, "tuned_step_us": wall_t}
     return rows, residual
 
 
@@ -220,7 +226,8 @@ def decide(data: dict | None, *, label: str, crashed: str = "", tables: dict | N
     _timing(verdict, data.get("group_us") or {})
     _outputs(verdict, data, margin)
     if tables:
-        verdict.attribution, verdict.residual = attribution_rows(tables, projected or {})
+        timed = {name: arm["median_us"] for name, arm in verdict.arms.items()}
+        verdict.attribution, verdict.residual = attribution_rows(tables, projected or {}, timed)
     if projected:
         verdict.projected_us = sum(v for v in projected.values() if math.isfinite(v))
     return verdict
