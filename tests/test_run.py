@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-
 
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402

@@ -17,7 +17,6 @@ import os
 
 
 import json
-import math
 import signal
 import subprocess
 import sys
@@ -312,12 +311,12 @@ def test_time_budget_is_shared_in_proportion_to_headroom(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SLEEP", "0.1")
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     plans = plans_for("share-test", shapes=((1024, 3.0), (2048, 1.0)))
-    summary = search.run_search(plans, settings(url, sampler="random", timeout_s=5.0, slice_s=0.0))
+    summary = search.run_search(plans, settings(url, sampler="random", timeout_s=8.0, slice_s=0.0))
     spent = {s.shape_key: s.spent_s for s in summary.shapes}
     ratio = spent["m=1,n=1024,k=4096"] / spent["m=1,n=2048,k=4096"]
     assert 2.0 < ratio < 4.5, spent
     assert all(s.status == "time" for s in summary.shapes)
-    assert summary.wall_s < 5.0 + 10
+    assert summary.wall_s < 8.0 + 10
     assert search.share_time(plans, 8.0) == {plans[0].study_name: 6.0, plans[1].study_name: 2.0}
 
 
@@ -337,6 +336,8 @@ def test_worker_killed_mid_trial_is_restarted_and_the_trial_retried(tmp_path, mo
     retried = [t for t in trials if t.user_attrs.get("retry_of") == died[0].number]
     assert len(retried) == 1 and retried[0].state.name == "COMPLETE"
     assert summary.worker_restarts == 1
+    # the death is not a measurement (its retry is): every valid config counted once
+    assert summary.shapes[0].measured == plans[0].n_valid and summary.shapes[0].status == "exhausted"
     assert summary.shapes[0].best_config == best_config
     assert summary.shapes[0].best_us == pytest.approx(best_us)
 

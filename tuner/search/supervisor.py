@@ -195,8 +195,7 @@ def _reap(slot: _Slot, run: _Run, bars: "_Bars") -> bool:
     """Handle a worker that ended (or must be ended): the one place a dead or hung worker's
     trial becomes a recorded failure. Returns True when the slot needs a fresh worker."""
     settings = run.settings
-    hung = (isinstance(slot.current, TrialStarted | BaselineStarted)
-            and time.time() - slot.current.at > settings.trial_timeout_s)
+    hung = slot.current is not None and time.time() - slot.current.at > settings.trial_timeout_s
     if run.interrupts >= 2 or hung:
         slot.process.kill()
         slot.process.join()

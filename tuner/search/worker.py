@@ -82,9 +82,6 @@ class WorkerExited:
     at: float
 
 
-Message = TrialStarted | BaselineStarted | TrialEnded | WorkerError | WorkerExited
-
-
 @dataclass
 class WorkerArgs:
     slot: int
