@@ -202,3 +202,25 @@ def test_run_given_a_table_says_what_it_is_and_which_command_takes_it(tmp_path, 
     budget_table.to_parquet(tmp_path / "budget.parquet")
     assert main(["run", str(tmp_path / "budget.parquet")]) == 2
     assert "is a budget table (from `tuner budget`)" in capsys.readouterr().err
+
+
+class FailingObjective(CheapObjective):
+    def evaluate(self, config):
+        from tuner.search import TrialResult
+
+        return TrialResult(failure="candidate: OutOfResources: shared memory")
+
+
+def failing_objective(plan):
+    return FailingObjective(plan)
+
+
+def test_run_whose_search_produced_nothing_says_why(tmp_path, monkeypatch):
+    """Every trial failed: `tuner run` stops before rank with the reason, not an empty ranking."""
+    monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
+    with pytest.raises(TunerError, match="every one of the .* measured trials failed.*OutOfResources"):
+        run.run(TRACE, graph_captured=True, timeout="1m", trials=2,
+                storage=str(tmp_path / "studies.db"), out_dir=tmp_path / "run",
+                export_root=tmp_path / "export", gpu=True, out=lambda line: None,
+                objective=failing_objective, measure=replayed_measure)
+    assert not (tmp_path / "export").exists()

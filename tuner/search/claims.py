@@ -15,7 +15,8 @@ clocks. The seven rules, each implemented once, here:
 1. **Queue seeding** (`seed_queue`): a new study's queue gets the default config first
    (``role: default``), then the sampler's startup configs (grid: every valid config). Only the
    supervisor that created the study seeds it; another one waits for the ``queue_seeded`` study
-   attr (at most SEED_WAIT_S, then it enqueues what is missing itself). Enqueued params that the
+   attr (while the queue keeps growing, or at most SEED_WAIT_S after it stopped growing: then
+   the creator died, and it enqueues what is missing itself). Enqueued params that the
    study already holds are not enqueued again.
 2. **Duplicate replay** (`replay`): the study has a finished trial standing for the config: the
    new trial copies its state, value, attrs and constraints with ``duplicate_of``; no GPU time,
@@ -202,13 +203,15 @@ def seed_queue(study, plan: StudyPlan, sampler: str, seed: int | None, *, create
     storage = study._storage
     if study.user_attrs.get(QUEUE_SEEDED):
         return 0
-    deadline = time.time() + (0.0 if created else wait_s)
+    deadline, seen = time.time() + (0.0 if created else wait_s), 0
     while time.time() < deadline:  # another supervisor created the study and is seeding it
         if storage.get_study_user_attrs(study._study_id).get(QUEUE_SEEDED):
             return 0
         trials = study.get_trials(deepcopy=False)
         if any(t.state != TrialState.WAITING for t in trials):
             break  # a study that ran trials before this rule existed: it was seeded then
+        if len(trials) > seen:  # the creator is still enqueuing: give it time
+            deadline, seen = time.time() + wait_s, len(trials)
         time.sleep(0.2)
     present = {config_key(trial_params(t)) for t in study.get_trials(deepcopy=False)
                if trial_params(t)}
