@@ -34,8 +34,11 @@ clocks. The seven rules, each implemented once, here:
    or ``interrupted: ...``) or vanished with its host (heartbeat older than the grace period:
    Optuna fails it, no reason recorded) is FAIL, not counted, and its config is enqueued once
    more (``retry_of``), unless that config already killed MAX_DEATHS_PER_CONFIG workers (then
-   that FAIL stands for the config and counts). A hang past ``--trial-timeout`` is FAIL ``timeout: ...`` and
-   not retried: it costs a whole timeout.
+   that FAIL stands for the config and counts). A hang past ``--trial-timeout`` is FAIL
+   ``timeout: ...`` and not retried: it costs a whole timeout. A measurement is stored when its
+   trial is told: a worker killed after the objective returned but before the tell (a few
+   storage writes) loses it, and the retry measures that config again; this is the one way a
+   config is measured twice.
 6. **Orphans** (`fail_orphans`): a RUNNING trial with no config, older than the grace period, is
    a worker that died between creating the trial and its first heartbeat (Optuna's heartbeat
    check never sees it): FAIL ``worker died: before the trial started``, not counted, its queued
