@@ -44,7 +44,8 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, N, K, k_per_split,
                  stride_xm, stride_wn, stride_om,
                  M: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 STATIC_KPS: tl.constexpr = 0, PIPE_STAGES: tl.constexpr = 1):
+                 STATIC_KPS: tl.constexpr = 0, PIPE_STAGES: tl.constexpr = 1,
+                 W_PREFETCH: tl.constexpr = 0, X_CACHE: tl.constexpr = ""):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * ROWS_PER_BLOCK + tl.arange(0, ROWS_PER_BLOCK)
@@ -65,12 +66,21 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, N, K, k_per_split,
     acc7 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
     # STATIC_KPS is 0 on a GPU (runtime trip count, one compile for every k); the CPU interpreter
     # passes k_per_split as a constant because it cannot loop to a runtime bound with numpy >= 2.4.
-    # PIPE_STAGES (the config's num_stages) > 1 asks Triton's pipeliner for this loop although
-    # its loads feed no tl.dot (a loop-level num_stages does that, Triton 3.6 and 3.9): the W and x
-    # tiles of the next PIPE_STAGES - 1 steps stream into shared memory with cp.async while this
-    # step's FMAs run; 1 is the plain loop (one W load per thread in flight between FMAs).
-    for k0 in tl.range(0, k_per_split if STATIC_KPS == 0 else STATIC_KPS, BLOCK_K,
-                       num_stages=PIPE_STAGES):
+    # How many W tiles are in flight (the config's num_stages, mapped by launch_plan):
+    # - 1: the plain loop: each thread's W load of a step waits before that step's FMAs.
+    # - W_PREFETCH (num_stages 2): a register double buffer: the next step's W tile is loaded at
+    #   the top of this step, before this step's FMAs wait for theirs (x stays an L1 load).
+    # - PIPE_STAGES > 1 (num_stages 3, 4): Triton's pipeliner on this loop although its loads feed
+    #   no tl.dot (a loop-level num_stages does that, Triton 3.6 and 3.9): the W and x tiles of
+    #   the next PIPE_STAGES - 1 steps stream into shared memory with cp.async (x with the L1
+    #   hint X_CACHE=".ca", which Triton 3.9 keeps and 3.6 drops: there x comes from L2).
+    kps_loop = k_per_split if STATIC_KPS == 0 else STATIC_KPS
+    if W_PREFETCH:
+        k_first = k_start + offs
+        w_next = tl.load(w_rows + k_first[None, :],
+                         mask=None if EVEN_K else zero_rows[:, None] + k_first[None, :] < K,
+                         other=None if EVEN_K else 0.0, eviction_policy="evict_first")
+    for k0 in tl.range(0, kps_loop, BLOCK_K, num_stages=PIPE_STAGES):
         offs_k = k_start + k0 + offs
         # x rows are loaded through a [R, BK] pointer tensor that repeats the row (zero offsets
         # along the rows): the loads get the W tile's register layout, each thread reads only
@@ -84,30 +94,41 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, N, K, k_per_split,
         else:
             k_mask = offs_2d < K
             k_other = 0.0
-        w = tl.load(w_rows + offs_k[None, :], mask=k_mask, other=k_other,
-                    eviction_policy="evict_first").to(tl.float32)
-        acc0 += w * tl.load(x_ptr + offs_2d, mask=k_mask, other=k_other).to(tl.float32)
+        if W_PREFETCH:
+            w = w_next.to(tl.float32)
+            # the next step's tile (none after the slice's last step: the mask stops the load)
+            offs_next = offs_2d + BLOCK_K
+            next_ok = offs_next < k_start + kps_loop
+            if not EVEN_K:
+                next_ok = next_ok & (offs_next < K)
+            w_next = tl.load(w_rows + offs_k[None, :] + BLOCK_K, mask=next_ok, other=0.0,
+                             eviction_policy="evict_first")
+        else:
+            w = tl.load(w_rows + offs_k[None, :], mask=k_mask, other=k_other,
+                        eviction_policy="evict_first").to(tl.float32)
+        acc0 += w * tl.load(x_ptr + offs_2d, mask=k_mask, other=k_other,
+                            cache_modifier=X_CACHE).to(tl.float32)
         if M > 1:
             acc1 += w * tl.load(x_ptr + 1 * stride_xm + offs_2d, mask=k_mask,
-                                other=k_other).to(tl.float32)
+                                other=k_other, cache_modifier=X_CACHE).to(tl.float32)
         if M > 2:
             acc2 += w * tl.load(x_ptr + 2 * stride_xm + offs_2d, mask=k_mask,
-                                other=k_other).to(tl.float32)
+                                other=k_other, cache_modifier=X_CACHE).to(tl.float32)
         if M > 3:
             acc3 += w * tl.load(x_ptr + 3 * stride_xm + offs_2d, mask=k_mask,
-                                other=k_other).to(tl.float32)
+                                other=k_other, cache_modifier=X_CACHE).to(tl.float32)
         if M > 4:
             acc4 += w * tl.load(x_ptr + 4 * stride_xm + offs_2d, mask=k_mask,
-                                other=k_other).to(tl.float32)
+                                other=k_other, cache_modifier=X_CACHE).to(tl.float32)
         if M > 5:
             acc5 += w * tl.load(x_ptr + 5 * stride_xm + offs_2d, mask=k_mask,
-                                other=k_other).to(tl.float32)
+                                other=k_other, cache_modifier=X_CACHE).to(tl.float32)
         if M > 6:
             acc6 += w * tl.load(x_ptr + 6 * stride_xm + offs_2d, mask=k_mask,
-                                other=k_other).to(tl.float32)
+                                other=k_other, cache_modifier=X_CACHE).to(tl.float32)
         if M > 7:
             acc7 += w * tl.load(x_ptr + 7 * stride_xm + offs_2d, mask=k_mask,
-                                other=k_other).to(tl.float32)
+                                other=k_other, cache_modifier=X_CACHE).to(tl.float32)
 
     if SPLIT_K == 1:
         base = out_ptr
@@ -282,8 +303,10 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     meta = dict(M=m, ROWS_PER_BLOCK=rows, BLOCK_K=block_k, SPLIT_K=split_k,
                 EVEN_K=kps * split_k == k,  # every slice is whole BLOCK_Ks inside k: no k mask
                 HAS_BIAS=has_bias, STATIC_KPS=kps if interpreting() else 0)
-    if kernel is _gemv_kernel:
-        meta["PIPE_STAGES"] = int(config.get("num_stages", 1))
+    if kernel is _gemv_kernel:  # num_stages: 1 plain, 2 register double buffer, 3+ cp.async
+        stages = int(config.get("num_stages", 1))
+        meta.update(PIPE_STAGES=stages if stages > 2 else 1, W_PREFETCH=int(stages == 2),
+                    X_CACHE=".ca" if stages > 2 else "")
     args = (x, weight, out, part, bias_arg, n, k, kps, x.stride(0), weight.stride(0), out.stride(0))
     calls = [KernelCall(kernel, (cdiv(n, rows), split_k), args, meta,
                         launch_options(config, backend, num_stages=1))]

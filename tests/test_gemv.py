@@ -201,7 +201,9 @@ SKINNY = [
     {"ROWS_PER_BLOCK": 64, "BLOCK_K": 32, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3, "USE_DOT": 2},
     {"ROWS_PER_BLOCK": 16, "BLOCK_K": 16, "SPLIT_K": 3, "num_warps": 4, "num_stages": 4, "USE_DOT": 2},
 ]
-PIPELINED = [
+PIPELINED = [  # num_stages 2: the register double buffer; 3, 4: Triton's cp.async pipeline
+    {"ROWS_PER_BLOCK": 2, "BLOCK_K": 32, "SPLIT_K": 1, "num_warps": 1, "num_stages": 2, "USE_DOT": 0},
+    {"ROWS_PER_BLOCK": 1, "BLOCK_K": 16, "SPLIT_K": 3, "num_warps": 1, "num_stages": 2, "USE_DOT": 0},
     {"ROWS_PER_BLOCK": 2, "BLOCK_K": 32, "SPLIT_K": 1, "num_warps": 1, "num_stages": 3, "USE_DOT": 0},
     {"ROWS_PER_BLOCK": 1, "BLOCK_K": 16, "SPLIT_K": 2, "num_warps": 2, "num_stages": 4, "USE_DOT": 0},
 ]
@@ -222,15 +224,18 @@ def test_skinny_variant_matches_fp32_reference(m, k, kernel, config):
     assert _rel_err(out, FAMILY.reference(inputs)) < 6e-3
 
 
+@pytest.mark.parametrize("k", [100, 96])  # ragged (masked) and even k
 @pytest.mark.parametrize("m", [1, 3, 8])
-@pytest.mark.parametrize("config", PIPELINED, ids=lambda c: "R{ROWS_PER_BLOCK}-K{BLOCK_K}-s{num_stages}".format(**c))
-def test_pipelined_fma_loop_matches_fp32_reference(m, config):
-    shape = {"m": m, "n": 37, "k": 100, "dtype": "bfloat16", "bias": 1}
+@pytest.mark.parametrize("config", PIPELINED, ids=lambda c: "R{ROWS_PER_BLOCK}-K{BLOCK_K}-S{SPLIT_K}-s{num_stages}".format(**c))
+def test_pipelined_fma_loop_matches_fp32_reference(m, k, config):
+    shape = {"m": m, "n": 37, "k": k, "dtype": "bfloat16", "bias": 1}
     inputs = FAMILY.make_inputs(shape, "cpu", seed=20 + m)
     out = torch.full((m, 37), float("nan"), dtype=torch.bfloat16)
     FAMILY.launch(inputs, config, out=out)
     _, calls = gemv.launch_plan(inputs, config)
-    assert calls[0].constexprs["PIPE_STAGES"] == config["num_stages"]
+    meta = calls[0].constexprs
+    stages = config["num_stages"]
+    assert (meta["W_PREFETCH"], meta["PIPE_STAGES"]) == ((1, 1) if stages == 2 else (0, stages))
     assert bool(torch.isfinite(out).all())
     assert _rel_err(out, FAMILY.reference(inputs)) < 6e-3
     # the same summation order as the plain loop: pipelining moves loads, not arithmetic

@@ -135,3 +135,73 @@ def test_dcu_space_sample_compiles_for_gfx90a_proxy(record_property):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: gemv.FAMILY.shape_key(s))
 def test_whole_hip_space_compiles_for_gfx942(shape, record_property):
     _check_all_fit(GFX942, space_for("gemv", "hip").configs(shape), shape, record_property)
+
+
+# --------------------------------------------------------------- issue 15: the new variants
+M1 = {"m": 1, "n": 14336, "k": 4096, "dtype": "bfloat16"}
+SKINNY_CUDA = {"ROWS_PER_BLOCK": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4,
+               "num_stages": 4, "USE_DOT": 2}
+PREFETCH = {"ROWS_PER_BLOCK": 1, "BLOCK_K": 1024, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2,
+            "USE_DOT": 0}
+CP_ASYNC = {**PREFETCH, "num_stages": 3}
+
+
+def test_skinny_variant_is_wgmma_fed_by_tma_on_sm90(record_property):
+    """USE_DOT 2: the W tile is wgmma's M side, read by TMA (cp.async.bulk.tensor) into exactly
+    num_stages shared-memory stages (+ barriers), with few registers and no spills; a split-K
+    config adds the reduce kernel; a ragged k (rows not 16-byte aligned) takes the pointer
+    kernel, still wgmma."""
+    jobs = [(M1, SKINNY_CUDA), ({**M1, "m": 8}, {**SKINNY_CUDA, "num_warps": 8}),
+            ({**M1, "n": 1024}, {**SKINNY_CUDA, "ROWS_PER_BLOCK": 64, "SPLIT_K": 8}),
+            ({"m": 3, "n": 100, "k": 1001, "dtype": "bfloat16"},
+             {**SKINNY_CUDA, "ROWS_PER_BLOCK": 64, "BLOCK_K": 64, "num_stages": 3})]
+    rows = compile_configs("gemv", jobs, SM90, with_asm=True)
+    for (shape, config), row in zip(jobs, rows):
+        assert not isinstance(row, str), (config, row)
+        main = row[0]
+        record_property(f"sm90:{gemv.FAMILY.shape_key(shape)}:{config}", main.n_regs)
+        assert "wgmma.mma_async" in main.asm and main.n_spills == 0
+        stages = config["num_stages"] * (config["ROWS_PER_BLOCK"] + 16) * config["BLOCK_K"] * 2
+        if shape["k"] % 8 == 0:
+            assert main.kernel == "skinny_tma_kernel" and "cp.async.bulk.tensor" in main.asm
+            assert stages <= main.shared <= stages + 1024 and main.n_regs <= 64
+        else:  # unaligned rows: element loads through registers (168 registers, no spills)
+            assert main.kernel == "skinny_kernel"
+        assert len(row) == (2 if config["SPLIT_K"] > 1 else 1)
+
+
+def test_fma_loop_with_more_w_in_flight_on_sm90(record_property):
+    """num_stages 2: the register double buffer (the next W tile a predicated 16-byte load in the
+    loop, no shared memory); 3: Triton's cp.async pipeline, exactly (num_stages - 1) x (m + 1) x
+    ROWS x BLOCK_K x 2 bytes of stages, the bytes the cuda constraint counts."""
+    m4 = {**M1, "m": 4}
+    jobs = [(M1, PREFETCH), (m4, PREFETCH), (M1, CP_ASYNC), (m4, CP_ASYNC)]
+    rows = compile_configs("gemv", jobs, SM90, with_asm=True)
+    for (shape, config), row in zip(jobs, rows):
+        assert not isinstance(row, str), (config, row)
+        main = row[0]
+        record_property(f"sm90:{gemv.FAMILY.shape_key(shape)}:{config}", main.n_regs)
+        assert main.n_spills == 0
+        if config["num_stages"] == 2:
+            assert main.shared <= 64 and main.wide_loads >= shape["m"] + 2
+            assert "cp.async" not in main.asm
+        else:
+            staged = (config["num_stages"] - 1) * (shape["m"] + 1) * config["BLOCK_K"] * 2
+            assert main.shared == staged and "cp.async.cg.shared.global" in main.asm
+    assert space_for("gemv", "cuda").allows(CP_ASYNC, m4)
+
+
+def test_new_variants_compile_for_gfx942(record_property):
+    """The hip space's USE_DOT 2 (pointer loads through LDS, MFMA) and register double buffer
+    compile without spills within the 64 KiB LDS, with 16-byte loads."""
+    space = space_for("gemv", "hip")
+    skinny = {"ROWS_PER_BLOCK": 128, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 8, "num_stages": 2,
+              "USE_DOT": 2, "waves_per_eu": 0}
+    prefetch = {"ROWS_PER_BLOCK": 2, "BLOCK_K": 1024, "SPLIT_K": 1, "num_warps": 4,
+                "num_stages": 2, "USE_DOT": 0, "waves_per_eu": 2}
+    for config in (skinny, prefetch):
+        assert space.allows(config, M1) and space.allows(config, {**M1, "m": 8})
+    results = _check_all_fit(GFX942, [skinny, prefetch], M1, record_property)
+    assert all(r.wide_loads > 0 for r in results)
+    results = _check_all_fit(GFX942, [skinny, prefetch], {**M1, "m": 8}, record_property)
+    assert all(r.wide_loads > 0 for r in results)

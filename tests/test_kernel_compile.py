@@ -144,3 +144,61 @@ def test_tma_configs_compile_for_sm90(compiled):
         (report,) = reports_for(compiled, "gemm", "cuda", shape, TMA)
         assert report.kernel == "gemm_tma_kernel" and report.n_spills == 0
         assert gemm_smem_estimate(TMA) < report.shared <= gemm_smem_estimate(TMA) + 1024
+
+
+# ------------------------------------------------- issue 15: SWAP_AB, the skinny decode kernel
+SKINNY_SHAPES = [{"m": m, "n": n, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
+                 for m, n in ((16, 14336), (32, 6144), (128, 4096), (256, 28672))]
+SKINNY_CUDA = [  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, TMA)
+    (16, 64, 128, 4, 6, 1), (16, 128, 256, 4, 3, 1), (32, 128, 128, 4, 4, 1),
+    (128, 128, 128, 8, 3, 1), (128, 64, 128, 4, 4, 0), (256, 128, 64, 8, 3, 1)]
+
+
+def _skinny(bm, bn, bk, w, s, tma):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "SWAP_AB": 1,
+            "num_warps": w, "num_stages": s, "TMA": tma}
+
+
+def test_skinny_configs_are_wgmma_fed_by_tma_on_sm90():
+    """SWAP_AB 1: wgmma with the weight rows as its M side even at BLOCK_M 16, the weight read by
+    TMA (cp.async.bulk.tensor) with TMA = 1 or by cp.async without; shared memory exactly the
+    space's num_stages x (BLOCK_M + BLOCK_N) x BLOCK_K x 2 B estimate (+ 1 KB); no spills."""
+    space = space_for("gemm", "cuda")
+    jobs = []
+    for params in SKINNY_CUDA:
+        config = _skinny(*params)
+        shape = next(s for s in SKINNY_SHAPES if s["m"] >= config["BLOCK_M"] or s["m"] == 256)
+        assert space.allows(config, shape), (config, shape)
+        jobs.append((shape, config))
+    jobs.append(({**SKINNY_SHAPES[0], "n": 1024}, {**_skinny(*SKINNY_CUDA[0]), "SPLIT_K": 8}))
+    for (shape, config), row in zip(jobs, compile_configs("gemm", jobs, TARGETS["cuda"], with_asm=True)):
+        assert not isinstance(row, str), (config, row)
+        main = row[0]
+        print(f"cuda gemm {main.kernel:20} regs={main.n_regs:3} spills={main.n_spills} "
+              f"shared={main.shared:6} {shape['m']}x{shape['n']} {config}")
+        assert main.n_spills == 0 and "wgmma.mma_async" in main.asm
+        assert main.kernel == ("skinny_tma_kernel" if config["TMA"] else "skinny_kernel")
+        assert ("cp.async.bulk.tensor" in main.asm) == bool(config["TMA"])
+        assert gemm_smem_estimate(config) <= main.shared <= gemm_smem_estimate(config) + 1024
+        assert len(row) == (2 if config["SPLIT_K"] > 1 else 1)
+
+
+def test_skinny_configs_compile_for_gfx942_and_the_spilling_one_is_rejected():
+    amd = {"waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1}
+    space = space_for("gemm", "hip")
+    kept = [{**_skinny(bm, bn, 64, w, 2, 0), **amd} for bm, bn, w in
+            ((16, 64, 4), (32, 128, 4), (64, 128, 8), (128, 128, 8), (256, 64, 4))]
+    kept = [{k: v for k, v in c.items() if k != "TMA"} for c in kept]
+    spilling = {**kept[-1], "BLOCK_N": 256, "num_warps": 8, "kpack": 2}
+    shape = SKINNY_SHAPES[-1]
+    assert all(space.allows(c, shape) for c in kept)
+    # 256 x 256 over 8 waves: 128 accumulator values a lane, which the tiled kernel's rule
+    # allows; the skinny kernel's (<= 64) does not, and gfx942 compiles show why
+    assert not space.allows(spilling, shape)
+    rows = compile_configs("gemm", [(shape, c) for c in kept + [spilling]], TARGETS["hip"])
+    for config, row in zip(kept, rows):
+        assert not isinstance(row, str), (config, row)
+        print(f"hip  gemm {row[0].kernel:20} regs={row[0].n_regs:3} spills={row[0].n_spills} "
+              f"shared={row[0].shared:6} {config}")
+        assert row[0].n_spills == 0 and row[0].shared <= SHARED_LIMIT["hip"]
+    assert rows[-1][0].n_spills > 0

@@ -11,8 +11,9 @@
 #   1. compiles every candidate of every case first, in a thread pool (triton.AsyncCompileMode
 #      + JITFunction.warmup on meta tensors: the launches then hit the in-memory cache);
 #   2. per case: torch (F.linear's cuBLAS path: the family baseline), the family default and a
-#      bounded, reasoned candidate list per variant (gemv: FMA, FMA pipelined through a
-#      loop-level num_stages, USE_DOT 1 tl.dot, USE_DOT 2 swap-AB wgmma/TMA skinny kernel; gemm:
+#      bounded, reasoned candidate list per variant (gemv: FMA, FMA with a register double
+#      buffer (num_stages 2, "fma-pref"), FMA pipelined by cp.async (3-4, "fma-pipe"), USE_DOT 1
+#      tl.dot ("dot"), USE_DOT 2 swap-AB wgmma/TMA kernel ("skinny"); gemm:
 #      the tiled kernel with / without TMA, SWAP_AB 1 skinny kernel with / without TMA; split-K
 #      where the weight rows alone give too few programs), all filtered by the cuda search space;
 #      parity facts of every candidate on fresh random inputs (tuner.parity.Checker: bitwise vs
@@ -132,7 +133,7 @@ def variant(family, config: dict) -> str:
     if family is gemv.FAMILY:
         dot = int(config.get("USE_DOT", 0))
         if dot == 0:
-            return "fma-pipe" if int(config.get("num_stages", 1)) > 1 else "fma"
+            return {1: "fma", 2: "fma-pref"}.get(int(config.get("num_stages", 1)), "fma-pipe")
         return "dot" if dot == 1 else "skinny"
     name = "skinny" if int(config.get("SWAP_AB", 0)) else "tiled"
     return name + ("-tma" if int(config.get("TMA", 0)) else "")
@@ -166,12 +167,14 @@ def gemv_candidates(shape: dict) -> list[tuple[dict, bool]]:
     base = [(fma(1, 1024, 4), False)]
     if m == 1:
         base += [(fma(2, 1024, 4), False), (fma(1, 2048, 8), False)]
-    # FMA pipelined through the loop-level num_stages (cp.async of the next tiles into shared
-    # memory): predicted to hide the load latency the plain loop exposes once a step (R1 BK1024
-    # w4: one 16-byte W load per thread in flight between FMAs); 3-4 stages keep 2-3 in flight
-    base += [(fma(1, 1024, 4, 3), False), (fma(1, 1024, 4, 4), False)]
+    # More W in flight for the FMA loop, predicted to hide the HBM latency the plain loop exposes
+    # once a step (R1 BK1024 w4: one 16-byte W load per thread in flight, ~32 KB an SM at full
+    # occupancy, about what Little's law asks at 4.4 TB/s): num_stages 2 = a register double
+    # buffer (2 loads in flight, x still from L1); 3-4 = cp.async stages (2-3 in flight, but on
+    # Triton 3.6 the x tile comes from L2 next to W: m x-bytes per W-byte of L2 traffic)
+    base += [(fma(1, 1024, 4, 2), False), (fma(1, 1024, 4, 3), False)]
     if m == 1:
-        base += [(fma(2, 512, 4, 3), False)]
+        base += [(fma(2, 1024, 4, 2), False), (fma(1, 512, 2, 2), False), (fma(1, 1024, 4, 4), False)]
     # USE_DOT 1 (mma.sync, cp.async stages): the m >= 2 default and a searched winner
     base += [(dot(32, 128, 4, 4, 1), True), (dot(64, 128, 4, 4, 1), False)]
     # USE_DOT 2 (swap-AB wgmma, W by TMA): 64 / 128 weight rows a program, 4-6 stages in flight
@@ -396,9 +399,9 @@ def run_case(m, n, k, tag):
         label = "default" if config is default else variant(fam, config)
         ckey = (fam.name, key, json.dumps(config, sort_keys=True))
         row = {"config": config, "variant": variant(fam, config), "label": label}
+        if ckey in COMPILE_FAILURES:  # planning failed before any compile: still try it
+            say(f"   (precompile of {short(config)} failed: {COMPILE_FAILURES[ckey]})")
         try:
-            if ckey in COMPILE_FAILURES:
-                raise RuntimeError(COMPILE_FAILURES[ckey])
             facts = checker.facts(config)
             t = bench.time_config(fam, shape, config, cache=CACHE, device=DEVICE, input_sets=sets, **SWEEP)
             row.update(us=t.median_us, spread=t.spread_pct, facts=facts.to_attrs(),
@@ -464,27 +467,12 @@ RESULTS["bandwidth_end"] = read_bandwidth()
 # ------------------------------------------------------------------------------------ tables
 print("\nRESULTS-JSON " + json.dumps(RESULTS, default=str))
 done = {(c["m"], c["n"], c["k"]): c for c in RESULTS["cases"] if "best_us" in c}
-variants = ["fma", "fma-pipe", "dot", "skinny", "tiled", "tiled-tma", "skinny-tma"]
+variants = ["fma", "fma-pref", "fma-pipe", "dot", "skinny", "tiled", "tiled-tma", "skinny-tma"]
 print(f"\n== which variant wins: best sweep us of each variant per case (gemv m<=8, gemm m>=16)  [{elapsed():.0f}s]")
 print(f"{'m':>3} {'n x k':>11} {'torch':>7} " + " ".join(f"{v:>10}" for v in variants))
 for (m, n, k), c in sorted(done.items()):
     cells = [f"{c['by_variant'][v]['us']:10.2f}" if v in c["by_variant"] else f"{'-':>10}" for v in variants]
     print(f"{m:3} {f'{n}x{k}':>11} {c['torch_sweep_us']:7.2f} " + " ".join(cells))
-
-print("\n== per model: decode-step linears (layers x calls), sum of times; floor = bytes / measured bandwidth")
-for model, (layers, split, merged) in MODELS.items():
-    for kind, linears in (("split", split), ("merged", merged)):
-        for m in sorted({c[0] for c in done}):
-            have = [(n, k, calls) for _, n, k, calls in linears if (m, n, k) in done]
-            if len(have) != len(linears):
-                continue
-            tot = lambda f: layers * sum(calls * f(done[(m, n, k)]) for n, k, calls in have)
-            best, torch_us, dflt = tot(lambda c: c["best_us"]), tot(lambda c: c["torch_us"]), \
-                tot(lambda c: c.get("default_us") or float("nan"))
-            floor = tot(lambda c: c["bytes"] / BW * 1e6)
-            print(f"{model:13} {kind:6} m={m:<3} best {best:9.1f} us ({best / floor:.3f}x floor, "
-                  f"{tot(lambda c: c['bytes']) / best / 1e6:.2f} TB/s)  torch {torch_us:9.1f} us  "
-                  f"default {dflt:9.1f} us  best/torch x{torch_us / best:.3f}  default/torch x{torch_us / dflt:.3f}")
 
 print(f"\n== per case (paired vs torch, cold L2, bf16; measured read bw {BW / 1e12:.3f} TB/s, at the end "
       f"{(RESULTS['bandwidth_end'] or float('nan')) / 1e12:.3f}); parity: T = bitwise torch, D = default's class, "
@@ -497,6 +485,21 @@ for (m, n, k), c in sorted(done.items()):
     print(f"{m:3} {f'{n}x{k}':>11} {c['torch_us']:8.2f} {c['best_us']:8.2f} {c['best_tbps']:5.2f} {c['best_pct_bw']:4.0f} "
           f"{c['speedup']:6.3f} [{c['low']:.3f},{c['high']:.3f}] {c.get('default_speedup', float('nan')):6.3f} "
           f"{par:>9} {c['graph'][:5]:>5}  {c['best_variant']}:{short(c['best'])}")
+print("\n== per model: decode-step linears (layers x calls), sum of times; floor = bytes / measured bandwidth")
+for model, (layers, split, merged) in MODELS.items():
+    for kind, linears in (("split", split), ("merged", merged)):
+        for m in sorted({c[0] for c in done}):
+            have = [(n, k, calls) for _, n, k, calls in linears if (m, n, k) in done]
+            if len(have) != len(linears):
+                continue
+            tot = lambda f: layers * sum(calls * f(done[(m, n, k)]) for n, k, calls in have)
+            best, torch_us, dflt = tot(lambda c: c["best_us"]), tot(lambda c: c["torch_us"]), \
+                tot(lambda c: c.get("default_us") or float("nan"))
+            floor = tot(lambda c: c["bytes"] / BW * 1e6)
+            print(f"{model:12} {kind:6} m={m:<3} best {best:8.1f} us = {best / floor:.3f}x floor "
+                  f"({tot(lambda c: c['bytes']) / best / 1e6:.2f} TB/s); torch {torch_us:8.1f}, default "
+                  f"{dflt:8.1f}; vs torch: best x{torch_us / best:.3f}, default x{torch_us / dflt:.3f}")
+
 missing = [f"m={m} {n}x{k}" for m, n, k, _ in CASES if (m, n, k) not in done]
 if missing:
     print(f"not measured ({len(missing)}): " + ", ".join(missing))
