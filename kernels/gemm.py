@@ -14,8 +14,10 @@ order: GROUP_M row-tiles share the same B column-tiles while they are in L2), SP
 over SPLIT_K programs writing fp32 partials; a second kernel sums them in a fixed order, so the
 result is deterministic, no atomics), num_warps, num_stages; on hip also waves_per_eu,
 matrix_instr_nonkdim, kpack (Triton HIP compile options, passed as launch keyword arguments);
-on cuda also TMA (read A and B through tensor descriptors, `gemm_tma_kernel`). Ragged m / n / k
-are handled with masks (or by the descriptors' zero fill).
+on cuda also TMA (read A and B through tensor descriptors, `gemm_tma_kernel`); SWAP_AB = 1 runs
+the swap-AB skinny kernel of kernels/skinny.py instead (decode batch sizes: the weight rows on the
+MMA's M side; TMA = 1 takes its descriptor form). Ragged m / n / k are handled with masks (or by
+the descriptors' zero fill).
 
 Also here: `launch_plan` (the kernel calls of a config, also on meta tensors, which is how
 kernels.common compiles a config for a GPU target on a CPU host). Serving code reaches the

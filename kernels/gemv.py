@@ -11,9 +11,19 @@ the SPLIT_K slices of whole BLOCK_Ks do not tile k exactly (EVEN_K).
 SPLIT_K > 1 writes fp32 partials to a workspace [SPLIT_K, m, n] and a second kernel sums them in a
 fixed order: no atomics, so the output is bit-reproducible run to run.
 
-Parameters (config dict): ROWS_PER_BLOCK, BLOCK_K, SPLIT_K, num_warps, num_stages, and on hip
-waves_per_eu. The baseline is torch.nn.functional.linear (cuBLAS / hipBLASLt); the reference is
-fp32 (x.float() @ W.float().T).
+num_stages of the FMA kernel is how many W tiles a thread has in flight: 1 the plain loop, 2 a
+register double buffer (the next step's W tile is loaded before this step's FMAs), 3-4 Triton's
+cp.async pipeline through a loop-level num_stages (W and x tiles staged in shared memory). All
+three sum in the same order (same output bytes).
+
+USE_DOT picks the kernel: 0 the FMA kernel above; 1 `_gemv_dot_kernel` (x padded to 16 rows,
+tl.dot(x, Wᵀ), mma.sync on sm90); 2 the swap-AB skinny kernel of kernels/skinny.py (W · xᵀ with
+the W rows as wgmma's M side, W through TMA stages on sm90; pointer loads on hip), which the gemm
+family also uses (SWAP_AB = 1).
+
+Parameters (config dict): ROWS_PER_BLOCK, BLOCK_K, SPLIT_K, USE_DOT, num_warps, num_stages, and
+on hip waves_per_eu. The baseline is torch.nn.functional.linear (cuBLAS / hipBLASLt); the
+reference is fp32 (x.float() @ W.float().T).
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ from kernels.cost import gemm_cost
 
 MAX_M = 8
 KERNEL_PARAMS = ("ROWS_PER_BLOCK", "BLOCK_K", "SPLIT_K")
-OPTIONAL_PARAMS = ("USE_DOT",)  # 0 (default): elementwise FMA + row sums; 1: tl.dot variant
+OPTIONAL_PARAMS = ("USE_DOT",)  # 0 (default): FMA + row sums; 1: tl.dot variant; 2: skinny
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 HIP_OPTIONS = ("waves_per_eu",)
 REDUCE_BLOCK_N = 1024

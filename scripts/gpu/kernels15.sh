@@ -9,7 +9,8 @@
 #   0. device, measured read bandwidth (tuner.device.measure_read_bandwidth, 2 GiB; again at
 #      the end), A/A noise of the protocol on two shapes;
 #   1. compiles every candidate of every case first, in a thread pool (triton.AsyncCompileMode
-#      + JITFunction.warmup on meta tensors: the launches then hit the in-memory cache);
+#      + JITFunction.warmup on meta tensors: the launches then hit the in-memory cache; compiles
+#      not started within KERNELS15_PRECOMPILE_S, default 150 s, happen at first launch);
 #   2. per case: torch (F.linear's cuBLAS path: the family baseline), the family default and a
 #      bounded, reasoned candidate list per variant (gemv: FMA, FMA with a register double
 #      buffer (num_stages 2, "fma-pref"), FMA pipelined by cp.async (3-4, "fma-pipe"), USE_DOT 1
@@ -51,6 +52,7 @@ PLAN_ONLY = os.environ.get("KERNELS15_PLAN_ONLY") == "1"  # print the candidates
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"
 BUDGET_S = float(os.environ.get("KERNELS15_BUDGET_S", "390"))
+PRECOMPILE_S = float(os.environ.get("KERNELS15_PRECOMPILE_S", "150"))  # then compile lazily
 START = time.time()
 
 import torch  # noqa: E402
@@ -147,13 +149,14 @@ def short(config: dict) -> str:
     return ",".join(f"{keys[k]}{v}" for k, v in config.items() if k in keys and skip.get(k) != v)
 
 
-def split_for(programs: int, k: int, block_k: int, min_tiles_per_split: int) -> list[int]:
-    """For a grid of fewer programs than SMs: the split-K value that brings it nearest 1.5
-    programs an SM, keeping min_tiles_per_split BLOCK_Ks a slice."""
+def split_for(programs: int, k: int, block_k: int, min_tiles_per_split: int,
+              count: int = 1) -> list[int]:
+    """For a grid of fewer programs than SMs: the `count` split-K values that bring it nearest
+    1.5 programs an SM, keeping min_tiles_per_split BLOCK_Ks a slice."""
     if programs >= SMS:
         return []
     fits = [s for s in (2, 4, 8, 16) if triton.cdiv(k, block_k) >= min_tiles_per_split * s]
-    return sorted(fits, key=lambda s: abs(math.log(programs * s / (1.5 * SMS))))[:1]
+    return sorted(sorted(fits, key=lambda s: abs(math.log(programs * s / (1.5 * SMS))))[:count])
 
 
 def gemv_candidates(shape: dict) -> list[tuple[dict, bool]]:
@@ -201,30 +204,33 @@ def gemm_candidates(shape: dict) -> list[dict]:
                                                "GROUP_M": 1, "num_warps": w, "num_stages": s,
                                                "TMA": tma, "SWAP_AB": 1}
     base = []
-    if m < 256:  # the tiled kernel's narrow tiles (the 2026-11-29 sweep's winners at m <= 64)
-        base += [(tiled(bm, 64, 128, 4, 4, 0), True), (tiled(bm, 64, 128, 4, 4, 1), True),
-                 (tiled(bm, 128, 64, 4, 4, 1), False)]
+    if m < 256:  # the tiled kernel's narrow tiles (the winners of the 2026-11-29 sweep and of
+        # the 2026-12-01 m = 32 search: BLOCK_N 32 with TMA, split 2 on 4096 x 4096)
+        base += [(tiled(bm, 64, 128, 4, 4, 0), 1), (tiled(bm, 64, 128, 4, 4, 1), 1),
+                 (tiled(bm, 32, 128, 4, 5, 1), 1), (tiled(bm, 128, 64, 4, 4, 1), 0)]
     if m >= 128:  # wgmma tiles of the tiled kernel
-        base += [(tiled(128, 128, 64, 8, 3, 1), True), (tiled(128, 128, 64, 8, 4, 0), False),
-                 (tiled(128, 256, 64, 8, 3, 1), False)]
+        base += [(tiled(128, 128, 64, 8, 3, 1), 1), (tiled(128, 128, 64, 8, 4, 0), 0),
+                 (tiled(128, 256, 64, 8, 3, 1), 0)]
     # the swap-AB skinny kernel: weight rows on wgmma's M side, activation rows on its N side
     # (BLOCK_M = m up to 128; two tiles, or one of 256, at m = 256), the deepest TMA pipeline
     # that fits the shared memory
     sm = min(128, pow2_at_least(m))
-    base += [(skinny(sm, 64, 128, 4, 6 if sm <= 64 else 4), True),
-             (skinny(sm, 64, 256, 4, 4 if sm <= 32 else 3), False),
-             (skinny(sm, 128, 128, 4, 6 if sm <= 16 else 4 if sm <= 64 else 3), True),
-             (skinny(sm, 128, 64, 8, 6), False), (skinny(sm, 64, 128, 4, 4, tma=0), False)]
+    # (64 weight rows a program is wgmma's minimum, so n = 4096 gives only 64 programs: split K
+    # 2 and 4 are both tried there, against the reduce kernel's extra launch)
+    base += [(skinny(sm, 64, 128, 4, 6 if sm <= 64 else 4), 2),
+             (skinny(sm, 64, 256, 4, 4 if sm <= 32 else 3), 0),
+             (skinny(sm, 128, 128, 4, 6 if sm <= 16 else 4 if sm <= 64 else 3), 1),
+             (skinny(sm, 128, 64, 8, 6), 0), (skinny(sm, 64, 128, 4, 4, tma=0), 0)]
     if m >= 64:
-        base += [(skinny(sm, 128, 128, 8, 4), False)]
+        base += [(skinny(sm, 128, 128, 8, 4), 0)]
     if m >= 256:
-        base += [(skinny(256, 64, 64, 4, 4), False), (skinny(256, 128, 64, 8, 3), False)]
+        base += [(skinny(256, 64, 64, 4, 4), 0), (skinny(256, 128, 64, 8, 3), 0)]
     configs = []
-    for c, splittable in base:
+    for c, splits in base:
         configs.append({**c, "SPLIT_K": 1})
-        if splittable:
+        if splits:
             tiles = triton.cdiv(n, c["BLOCK_N"]) * triton.cdiv(m, c["BLOCK_M"])
-            configs += [{**c, "SPLIT_K": s} for s in split_for(tiles, k, c["BLOCK_K"], 4)]
+            configs += [{**c, "SPLIT_K": s} for s in split_for(tiles, k, c["BLOCK_K"], 4, splits)]
     return configs
 
 
@@ -292,13 +298,29 @@ def precompile(jobs) -> dict:
     failures = {}
     if SMOKE:
         return failures
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import Executor, ThreadPoolExecutor
 
     workers = max(2, min(14, (os.cpu_count() or 4) - 2))
     t0 = time.time()
+    deadline = t0 + PRECOMPILE_S
     kernels = 0
+
+    class UntilDeadline(Executor):
+        """Compiles not started by the deadline are skipped (compiled at first launch)."""
+
+        def __init__(self, pool):
+            self.pool = pool
+
+        def submit(self, fn, *args, **kwargs):
+            def run():
+                if time.time() > deadline:
+                    raise TimeoutError("precompile deadline")
+                return fn(*args, **kwargs)
+            return self.pool.submit(run)
+
     try:
-        with ThreadPoolExecutor(workers) as pool, triton.AsyncCompileMode(pool, ignore_errors=True):
+        with ThreadPoolExecutor(workers) as pool, \
+                triton.AsyncCompileMode(UntilDeadline(pool), ignore_errors=True):
             for family, shape, config in jobs:
                 try:
                     inputs = family.make_inputs(shape, "meta")
