@@ -166,10 +166,12 @@ def gemv_candidates(shape: dict) -> list[tuple[dict, bool]]:
                                   "num_stages": s, "USE_DOT": 0}
     dot = lambda r, bk, w, s, d: {"ROWS_PER_BLOCK": r, "BLOCK_K": bk, "num_warps": w,
                                   "num_stages": s, "USE_DOT": d}
-    # plain FMA: the m = 1 winners of the 2026-11-29 sweep (R1/R2 BK1024), and a wider load
+    # plain FMA: the m = 1 winners of the 2026-11-29 sweep (R1/R2 BK1024) and of the 2026-12-01
+    # search (R1 BK2048 w8 on 1024x4096, R2 BK512 w2 on 4096x4096, R4 BK512 w8 on 4096x12288)
     base = [(fma(1, 1024, 4), False)]
     if m == 1:
-        base += [(fma(2, 1024, 4), False), (fma(1, 2048, 8), False)]
+        base += [(fma(2, 1024, 4), False), (fma(1, 2048, 8), False), (fma(2, 512, 2), False),
+                 (fma(4, 512, 8), False)]
     # More W in flight for the FMA loop, predicted to hide the HBM latency the plain loop exposes
     # once a step (R1 BK1024 w4: one 16-byte W load per thread in flight, ~32 KB an SM at full
     # occupancy, about what Little's law asks at 4.4 TB/s): num_stages 2 = a register double
@@ -177,7 +179,8 @@ def gemv_candidates(shape: dict) -> list[tuple[dict, bool]]:
     # Triton 3.6 the x tile comes from L2 next to W: m x-bytes per W-byte of L2 traffic)
     base += [(fma(1, 1024, 4, 2), False), (fma(1, 1024, 4, 3), False)]
     if m == 1:
-        base += [(fma(2, 1024, 4, 2), False), (fma(1, 512, 2, 2), False), (fma(1, 1024, 4, 4), False)]
+        base += [(fma(2, 1024, 4, 2), False), (fma(2, 512, 2, 2), False),
+                 (fma(1, 512, 2, 2), False), (fma(1, 1024, 4, 4), False)]
     # USE_DOT 1 (mma.sync, cp.async stages): the m >= 2 default and a searched winner
     base += [(dot(32, 128, 4, 4, 1), True), (dot(64, 128, 4, 4, 1), False)]
     # USE_DOT 2 (swap-AB wgmma, W by TMA): 64 / 128 weight rows a program, 4-6 stages in flight
