@@ -634,6 +634,35 @@ def cmd_ab(args) -> int:
                   timeout_s=parse_duration(args.timeout))
 
 
+# ------------------------------------------------------------------------------------------ report
+def _add_report(sub) -> None:
+    p = sub.add_parser(
+        "report", help="re-render report.html of a run or A/B directory",
+        description="Write DIR/report.html again from what DIR holds: the budget, the plan, the "
+        "search (the Optuna studies in the storage the run recorded in run.json), the verdicts "
+        "and the A/Bs (DIR/ab.json, DIR/ab/*/ab.json). One self-contained file; charts need "
+        "matplotlib (the `report` extra). See docs/report.md.")
+    p.add_argument("directory", metavar="DIR",
+                   help="the -o folder of `tuner run` (artifacts/run/<trace>/) or of `tuner ab` "
+                   "(artifacts/ab/<label>/)")
+    p.add_argument("--storage", metavar="URL",
+                   help="the study storage, instead of the one recorded in DIR/run.json (e.g. a "
+                   "PostgreSQL URL with its password, or a moved SQLite file)")
+    p.add_argument("--ab", action="append", default=[], metavar="PATH",
+                   help="an A/B to include (a folder `tuner ab` wrote, or its ab.json); repeatable")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="where to write (default DIR/report.html)")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args) -> int:
+    from . import report
+
+    path = report.render(args.directory, storage=args.storage, ab=args.ab, output=args.output)
+    print(f"report: {path}")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------- main
 class _Parser(argparse.ArgumentParser):
     """argparse with the CLI's one wording for an error: one line `tuner: error: ...`, exit 2
@@ -666,7 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in (_add_harvest, _add_budget, _add_estimate, _add_device, _add_bench, _add_search,
-                _add_rank, _add_export, _add_run, _add_ab):
+                _add_rank, _add_export, _add_run, _add_ab, _add_report):
         add(sub)
     return parser
 

@@ -25,7 +25,7 @@ from .units import DEFAULT_THRESHOLD, parse_duration, parse_threshold
 from .errors import TunerError
 
 __all__ = ["RUNS_DIR", "RunResult", "check_trace", "harvest_trace", "plan_lines", "plan_markdown",
-           "plan_search", "run", "run_search", "trace_name"]
+           "plan_search", "run", "run_search", "run_stages", "trace_name"]
 
 RUNS_DIR = Path("artifacts") / "run"
 
@@ -43,6 +43,7 @@ class RunResult:
     verdicts: pd.DataFrame | None = None
     exported: list[Path] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)  # the printed summary
+    storage: str | None = None  # the study storage the search used
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -167,12 +168,23 @@ def run_search(plans: list, *, storage: str | None, timeout_s: float, out=print,
     return url
 
 
-def run(trace: str | Path, *, family: str = "gemv", timeout: str | float = "30m",
-        storage: str | None = None, device: str | None = None, min_saving: str | None = None,
-        out_dir: str | Path | None = None, export_root: str | Path | None = None,
-        top: int = 3, parity: str = "exact", min_speedup: float = 1.01,
-        graph_captured: bool = False, gpu: bool | None = None, out=print,
-        trials: int | None = None, objective=None, measure=None) -> RunResult:
+def run(trace: str | Path, **options) -> RunResult:
+    """The main job (`run_stages`, with its keyword arguments), then report.html and run.json
+    (the study storage) in the run directory: tuner.report."""
+    from .report import write_run_report
+
+    result = run_stages(trace, **options)
+    gpu = have_gpu() if options.get("gpu") is None else options["gpu"]
+    write_run_report(result, options, gpu=gpu, out=options.get("out", print))
+    return result
+
+
+def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float = "30m",
+               storage: str | None = None, device: str | None = None, min_saving: str | None = None,
+               out_dir: str | Path | None = None, export_root: str | Path | None = None,
+               top: int = 3, parity: str = "exact", min_speedup: float = 1.01,
+               graph_captured: bool = False, gpu: bool | None = None, out=print,
+               trials: int | None = None, objective=None, measure=None) -> RunResult:
     """The main job. `gpu=None` detects; False forces the CPU path (harvest, budget, plan).
 
     `objective` (a tuner.search objective factory) and `measure` (a tuner.rank measure function)
@@ -240,7 +252,7 @@ def run(trace: str | Path, *, family: str = "gemv", timeout: str | float = "30m"
     out(f"search: {len(plans)} shape(s) on this machine's GPUs for {_fmt_seconds(timeout_s)}")
     url = run_search(plans, storage=storage, timeout_s=timeout_s, out=out, objective=objective,
                      trials=trials)
-    result.searched = True
+    result.searched, result.storage = True, url
     verdicts = rank_mod.rank(url, family=family, device=ident.get("key"), top=top,
                              parity_mode=parity, min_speedup=min_speedup,
                              threshold=min_saving, measure=measure,

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from ..errors import NoGPUError, TunerError, info, warn
+from ..report import write_ab_report
 from .child import run_child
 from .measure import ABSettings
 from .verdict import EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, summary_lines
@@ -194,5 +195,6 @@ def run(spec: tuple[str, str], *, batches: list[int], settings: ABSettings,
         for line in summary_lines(verdict):
             out(line)
         out(f"  written: {directory / 'ab.json'} and {directory / 'ab.md'}")
+        write_ab_report(directory, out=lambda line: out(f"  {line}"))  # report.html beside it
         worst = max(worst, verdict.exit_code)
     return EXIT_FAIL if worst != EXIT_PASS else EXIT_PASS
