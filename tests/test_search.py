@@ -46,6 +46,14 @@ DEFAULT = {"BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 2}
 
 
 # ------------------------------------------------------------------------------ the fake objective
+def fake_facts(accurate: bool, cls: str):
+    """Recorded parity facts: as accurate as the serving path (ratio 1.0), or three times worse."""
+    from tuner.parity import ParityFacts
+
+    ratio = 1.0 if accurate else 3.0
+    return ParityFacts(False, accurate, cls, "h0", 1.6e-3 * ratio, 1.6e-3, ratio, 0, 3)
+
+
 def fake_time(plan, config: dict) -> TrialResult:
     """Deterministic 'timing' of any space: a bowl over the choice indices (minimum away from the
     default), one fast config whose output 'mismatches', one config that 'fails to compile'."""
@@ -55,12 +63,10 @@ def fake_time(plan, config: dict) -> TrialResult:
     us = 10.0 + sum((i - m) ** 2 * (1.0 + 0.25 * j) for j, (i, m) in enumerate(zip(idx, mids)))
     us += plan.shape["n"] / 1000.0
     if idx[0] == 0 and idx[-1] == len(plan.space.params[names[-1]]) - 1:
-        return TrialResult(median_us=5.0, noise_pct=1.0, output_hash="bad", parity="mismatch",
-                           rel_err=0.5)
+        return TrialResult(median_us=5.0, noise_pct=1.0, facts=fake_facts(False, "bad"))
     if idx[1] == len(plan.space.params[names[1]]) - 1 and idx[-1] == 0:
         return TrialResult(failure="candidate: OutOfResources: shared memory 300000 > 232448")
-    return TrialResult(median_us=round(us, 4), noise_pct=1.0, output_hash="h0", parity="exact",
-                       rel_err=0.0)
+    return TrialResult(median_us=round(us, 4), noise_pct=1.0, facts=fake_facts(True, "h0"))
 
 
 class FakeObjective:
@@ -144,7 +150,7 @@ def expected_best(plan) -> tuple[dict, float]:
     for params in plan.space.configs(plan.shape):
         config = {**plan.default_config, **params}
         r = fake_time(plan, config)
-        if r.failure or r.parity == "mismatch":
+        if r.failure or not r.facts.passes("accuracy"):
             continue
         if best is None or r.median_us < best[1]:
             best = (config, r.median_us)
@@ -199,7 +205,11 @@ def test_grid_sqlite_records_every_outcome_and_finds_the_feasible_best(tmp_path,
         mismatched = [t for t in measured if t.user_attrs.get("parity") == "mismatch"]
         assert mismatched and all(t.state.name == "COMPLETE" for t in mismatched)
         assert all(t.constraints["parity"] == 1.0 for t in mismatched)
-        assert all(t.user_attrs["output_hash"] == "bad" for t in mismatched)
+        # the three facts are on every measured trial, whatever the gate
+        assert all(t.user_attrs["parity_class"] == "bad" and t.user_attrs["error_ratio"] == 3.0
+                   for t in mismatched)
+        assert all(t.user_attrs["parity"] == "accuracy" for t in measured
+                   if t.state.name == "COMPLETE" and t not in mismatched)
         # the config that does not compile is FAIL with its reason
         failed = [t for t in measured if t.state.name == "FAIL"]
         assert failed and all(t.user_attrs["failure"].startswith("candidate: OutOfResources")

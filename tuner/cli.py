@@ -386,9 +386,7 @@ def _add_search(sub) -> None:
                    "gp; cmaes is refused (categorical space)")
     _device_flag(p, "for the budget and the study names")
     _min_saving_flag(p, "search a shape if half its headroom saves this per token")
-    p.add_argument("--parity", choices=("exact", "tolerance"), default="exact",
-                   help="which outputs are feasible: bit-identical to the default config's "
-                   "(default, as rank's default gate) or within the dtype's tolerance")
+    _parity_flags(p, "which outputs are feasible (as rank's gate)")
     p.add_argument("--graph-captured", action="store_true",
                    help="budget against the step's GPU-busy time (a server that replays the step "
                    "as a CUDA graph) instead of its wall time, as `tuner budget --graph-captured`")
@@ -407,6 +405,7 @@ def _add_search(sub) -> None:
 
 
 def cmd_search(args) -> int:
+    from .parity import resolve_gate
     from . import search
 
     threshold = parse_threshold(args.min_saving)
@@ -414,7 +413,8 @@ def cmd_search(args) -> int:
         args.shapes, args.family, device=args.device, storage=args.storage,
         timeout_s=parse_duration(args.timeout) if args.timeout else None,
         trials=args.trials, gpus=search.parse_gpus(args.gpus), sampler=args.sampler,
-        threshold=threshold, seed=args.seed, parity_mode=args.parity,
+        threshold=threshold, seed=args.seed, parity_mode=resolve_gate(args.parity),
+        parity_margin=args.parity_margin,
         trial_timeout_s=parse_duration(args.trial_timeout),
         objective_factory=args.objective, progress=not args.no_progress,
         heartbeat_s=args.heartbeat, grace_s=args.grace, graph_captured=args.graph_captured)
@@ -535,8 +535,7 @@ def _add_run(sub) -> None:
     p.add_argument("--graph-captured", action="store_true",
                    help="budget against the GPU-busy step (the step under CUDA/HIP graphs) "
                    "instead of its wall time")
-    p.add_argument("--parity", choices=("exact", "tolerance"), default="exact",
-                   help="rank's parity gate (default exact)")
+    _parity_flags(p, "the search's and rank's parity gate")
     p.add_argument("--min-speedup", type=float, default=1.01,
                    help="rank's speedup gate on the lower confidence bound (default 1.01)")
     p.add_argument("--top", type=int, default=3, help="configs per shape to re-measure (default 3)")
@@ -550,11 +549,13 @@ def _add_run(sub) -> None:
 
 
 def cmd_run(args) -> int:
+    from .parity import resolve_gate
     from . import run
 
     run.run(args.trace, family=args.family, timeout=args.timeout, storage=args.storage,
                device=args.device, min_saving=args.min_saving, out_dir=args.output,
-               export_root=args.export_dir, top=args.top, parity=args.parity,
+               export_root=args.export_dir, top=args.top, parity=resolve_gate(args.parity),
+               parity_margin=args.parity_margin,
                min_speedup=args.min_speedup, graph_captured=args.graph_captured,
                trials=args.trials)
     return 0

@@ -205,8 +205,7 @@ class Checker:
     configs on those same inputs (a sweep or a search computes them once per shape)."""
 
     def __init__(self, family, shape: dict, *, seeds: int = DEFAULT_SEEDS, seed: int = 0,
-                 device=None, backend: str | None = None, default_config: dict | None = None,
-                 reference: str = "default"):  # TODO(search-facts): `reference` goes with check()
+                 device=None, backend: str | None = None, default_config: dict | None = None):
         import torch
 
         if seeds < 1:
@@ -283,17 +282,3 @@ class Checker:
         outputs = [self.family.baseline(s.inputs) for s in self.seeds]
         _sync(self.device)
         return self.judge(outputs)
-
-    # TODO(search-facts): tuner.search's objective still calls this; it goes once the search
-    # records ParityFacts (the search package is being restructured).
-    def check(self, config: dict, mode: str = "exact"):
-        from types import SimpleNamespace
-
-        facts = self.facts(config)
-        gate = resolve_gate(mode, quiet=True)
-        reason = facts.failure(gate)
-        cls = ("exact" if facts.bitwise_vs_default else
-               "tolerance" if facts.passes("accuracy") else "mismatch")
-        return SimpleNamespace(passed=reason == "", mode=mode, output_hash=facts.parity_class,
-                               reference_hash=facts.default_class, rel_err=facts.error_vs_reference,
-                               reason=reason, parity_class=cls, facts=facts)

@@ -182,7 +182,8 @@ def run(trace: str | Path, **options) -> RunResult:
 def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float = "30m",
                storage: str | None = None, device: str | None = None, min_saving: str | None = None,
                out_dir: str | Path | None = None, export_root: str | Path | None = None,
-               top: int = 3, parity: str = "exact", min_speedup: float = 1.01,
+               top: int = 3, parity: str = "accuracy", min_speedup: float = 1.01,
+               parity_margin: float = 1.25,
                graph_captured: bool = False, gpu: bool | None = None, out=print,
                trials: int | None = None, objective=None, measure=None) -> RunResult:
     """The main job. `gpu=None` detects; False forces the CPU path (harvest, budget, plan).
@@ -245,7 +246,8 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
     if not ident.get("key"):
         raise TunerError("cannot identify this machine's GPU for naming the studies")
     plans, _ = search.study_plans(plan, family, profile, device_key=ident["key"],
-                                  parity_mode=parity, source=str(result.shapes_path))
+                                  parity_mode=parity, parity_margin=parity_margin,
+                                  source=str(result.shapes_path))
     if not plans:
         out("nothing to search: no planned shape has a valid config in the search space")
         return result
@@ -254,7 +256,7 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
                      trials=trials)
     result.searched, result.storage = True, url
     verdicts = rank_mod.rank(url, family=family, device=ident.get("key"), top=top,
-                             parity_mode=parity, min_speedup=min_speedup,
+                             parity_mode=parity, margin=parity_margin, min_speedup=min_speedup,
                              threshold=min_saving, measure=measure,
                              names=[p.study_name for p in plans])
     result.verdicts = verdicts

@@ -30,7 +30,7 @@ from .planning import (DEFAULT_STORAGE, DEFAULT_TRIALS, PARITY_MODES, LaunchBoun
                        plan_shapes, plan_studies, share_seconds, share_time, study_name,
                        study_plans, valid_params)
 from .samplers import (CONSTRAINT_KEYS, SAMPLERS, check_sampler, make_sampler, n_startup,
-                       parity_ok, set_constraints, startup_configs)
+                       set_constraints, startup_configs)
 from .stage import have_gpu, parse_gpus, require_gpu, search
 from .storage import make_storage, plain, storage_url
 from .summary import SearchSummary, ShapeResult, format_summary, problem, summarize
@@ -44,7 +44,7 @@ __all__ = [
     "SearchSettings", "SearchSummary", "ShapeResult", "StudyPlan", "StudyState", "TrialResult",
     "backend_of", "check_sampler", "config_key", "fail_orphans", "format_summary", "gpu_objective",
     "have_gpu", "judge", "launch_bound", "make_plan", "make_sampler", "make_storage", "n_startup",
-    "parity_ok", "parse_gpus", "plain", "plan_shapes", "plan_studies", "prepare_studies",
+    "parse_gpus", "plain", "plan_shapes", "plan_studies", "prepare_studies",
     "problem", "read_state", "record_result", "require_gpu", "resolve_factory", "run_search",
     "run_trial", "search", "set_constraints", "share_seconds", "share_time", "startup_configs",
     "storage_url", "study_done", "study_name", "study_plans", "summarize", "valid_params",

@@ -265,7 +265,9 @@ def replay(trial, prior) -> Ending:
     from optuna.trial import TrialState
 
     trial.set_user_attr("duplicate_of", prior.number)
-    for name in ("median_us", "noise_pct", "output_hash", "parity", "rel_err", "failure"):
+    from ..parity import FACT_FIELDS
+
+    for name in ("median_us", "noise_pct", "parity", "failure", *FACT_FIELDS):
         if name in prior.user_attrs:
             trial.set_user_attr(name, prior.user_attrs[name])
     space_c, parity_c = constraints_from_attrs(prior)

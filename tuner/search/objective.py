@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..errors import TunerError
+from ..parity import ParityFacts
 
 if TYPE_CHECKING:
     from .planning import StudyPlan
@@ -33,9 +34,7 @@ class TrialResult:
 
     median_us: float | None = None
     noise_pct: float | None = None
-    output_hash: str = ""
-    parity: str = ""  # "exact", "tolerance" or "mismatch"
-    rel_err: float | None = None
+    facts: ParityFacts | None = None  # the three parity facts (tuner.parity), None: not checked
     failure: str | None = None
     fatal: bool = False  # the GPU context is unusable: record the trial, then the worker exits
 
@@ -116,9 +115,10 @@ class GpuObjective:
         plan = self.plan
         try:
             if self._checker is None:
-                self._checker = parity.Checker(self.family, plan.shape, reference="default",
-                                               device=self.device)
-            check = self._checker.check(config, plan.parity_mode)
+                self._checker = parity.Checker(self.family, plan.shape, device=self.device,
+                                               default_config=plan.default_config,
+                                               backend=plan.backend)
+            facts = self._checker.facts(config)
             timing = bench.time_config(self.family, plan.shape, config, cache=self.cache,
                                        device=self.device, input_sets=self._sets(),
                                        **self.timer_options)
@@ -126,13 +126,8 @@ class GpuObjective:
             return TrialResult(failure=f"candidate: {exc}", fatal=context_lost(str(exc)))
         except Exception as exc:  # noqa: BLE001 - any error of a candidate is data
             return _error_result("error: ", exc)
-        parity_class = getattr(check, "parity_class", None)
-        if parity_class is None:
-            parity_class = ("exact" if check.output_hash == check.reference_hash
-                            else "tolerance" if check.passed else "mismatch")
         return TrialResult(median_us=float(timing.median_us), noise_pct=float(timing.spread_pct),
-                           output_hash=check.output_hash, parity=parity_class,
-                           rel_err=float(check.rel_err))
+                           facts=facts)
 
 
 def _interpreter_device():

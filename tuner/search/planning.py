@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import TunerError, warn
+from ..parity import DEFAULT_GATE, DEFAULT_MARGIN, GATES
 
 __all__ = ["DEFAULT_STORAGE", "DEFAULT_TRIALS", "LaunchBound", "PARITY_MODES", "SearchSettings",
            "StudyPlan", "backend_of", "config_key", "full_config", "judge", "launch_bound",
@@ -33,7 +34,7 @@ __all__ = ["DEFAULT_STORAGE", "DEFAULT_TRIALS", "LaunchBound", "PARITY_MODES", "
 
 DEFAULT_STORAGE = "sqlite:///artifacts/studies.db"
 DEFAULT_TRIALS = 100  # per shape, when neither --trials nor --timeout is given
-PARITY_MODES = ("tolerance", "exact")
+PARITY_MODES = GATES  # the parity gates (tuner.parity): baseline, kernel, accuracy
 
 
 @dataclass
@@ -50,8 +51,9 @@ class StudyPlan:
     default_config: dict
     weight: float  # headroom µs per token: the share of the time budget
     valid_keys: tuple[str, ...]  # every config the space allows, as config_key strings
-    parity_mode: str = "exact"
+    parity_mode: str = DEFAULT_GATE  # the gate that makes a trial feasible (tuner.parity)
     attrs: dict = field(default_factory=dict)  # calls_per_step, step_us, step_basis, hit_rate, ...
+    parity_margin: float = DEFAULT_MARGIN
 
     @property
     def n_valid(self) -> int:
@@ -98,11 +100,15 @@ def valid_params(plan: StudyPlan) -> list[dict]:
 
 
 def make_plan(*, family: str, shape: dict, shape_key: str, device_key: str, backend: str, space,
-              default_config: dict, weight: float, parity_mode: str = "exact",
-              attrs: dict | None = None) -> StudyPlan:
-    """A plan for one shape; checks the space and the default config."""
-    valid = space.configs(shape)
+              default_config: dict, weight: float, parity_mode: str = DEFAULT_GATE,
+              attrs: dict | None = None, parity_margin: float = DEFAULT_MARGIN) -> StudyPlan:
+    """A plan for one shape; checks the space and the default config. Under the `kernel` gate
+    only configs that can pass are searched: the space's order parameters stay at the default
+    config's values (its output class, as far as the space declares)."""
     default = dict(default_config)
+    if parity_mode == "kernel":
+        space = space.within_class_of(default)
+    valid = space.configs(shape)
     searched = {k: default[k] for k in space.params if k in default}
     outside = {k: default[k] for k, v in space.params.items() if k in default and default[k] not in v}
     if outside:
@@ -115,7 +121,8 @@ def make_plan(*, family: str, shape: dict, shape_key: str, device_key: str, back
                      space=space, default_config=default,
                      weight=float(weight) if weight and math.isfinite(weight) and weight > 0 else 0.0,
                      valid_keys=tuple(config_key(full_config(default, c)) for c in valid),
-                     parity_mode=parity_mode, attrs=dict(attrs or {}))
+                     parity_mode=parity_mode, attrs=dict(attrs or {}),
+                     parity_margin=float(parity_margin))
 
 
 # ------------------------------------------------------------------------------- the planner
@@ -187,7 +194,8 @@ def plan_shapes(judged, family: str):
 
 
 def study_plans(planned, family: str, profile, *, device_key: str | None = None,
-                parity_mode: str = "exact", source: str = "", spaces_dir: Path | None = None
+                parity_mode: str = DEFAULT_GATE, source: str = "",
+                spaces_dir: Path | None = None, parity_margin: float = DEFAULT_MARGIN
                 ) -> tuple[list[StudyPlan], list[tuple[str, str]]]:
     """A StudyPlan per planned shape (`plan_shapes`), named for `device_key` (default: the
     profile's); shapes without any valid config come back as skipped."""
@@ -206,7 +214,7 @@ def study_plans(planned, family: str, profile, *, device_key: str | None = None,
         plan = make_plan(family=family, shape=shape, shape_key=r.shape_key, device_key=dkey,
                          backend=backend, space=space, default_config=dict(default),
                          weight=float(r.weight), parity_mode=parity_mode,
-                         attrs={"calls_per_step": float(r.calls_per_step),
+                         parity_margin=parity_margin, attrs={"calls_per_step": float(r.calls_per_step),
                                 "step_us": float(r.step_us), "step_basis": str(r.step_basis),
                                 "hit_rate": float(r.hit_rate), "phase": str(r.phase),
                                 "source": source})
@@ -217,7 +225,7 @@ def study_plans(planned, family: str, profile, *, device_key: str | None = None,
     return plans, skipped
 
 
-def plan_studies(table, family: str, profile, *, threshold=None, parity_mode: str = "exact",
+def plan_studies(table, family: str, profile, *, threshold=None, parity_mode: str = DEFAULT_GATE,
                  source: str = "", spaces_dir: Path | None = None, graph_captured: bool = False,
                  device_key: str | None = None) -> tuple[list[StudyPlan], list[tuple[str, str]]]:
     """Budget the table's rows of `family` on `profile`; a plan per surviving kernel shape.

@@ -26,7 +26,7 @@ from ..errors import TunerError
 from .planning import StudyPlan, valid_params
 
 __all__ = ["CONSTRAINT_KEYS", "SAMPLERS", "check_sampler",
-           "constraints_from_attrs", "is_feasible", "make_sampler", "n_startup", "parity_ok",
+           "constraints_from_attrs", "is_feasible", "make_sampler", "n_startup",
            "queue_sampler", "set_constraints", "startup_configs"]
 
 SAMPLERS = ("tpe", "grid", "random", "gp", "cmaes")
@@ -112,13 +112,6 @@ def set_constraints(trial, space: float, parity: float) -> None:
     if hasattr(trial, "set_constraint"):
         trial.set_constraint("space", float(space))
         trial.set_constraint("parity", float(parity))
-
-
-def parity_ok(parity_class: str, parity_mode: str) -> bool:
-    """Is a trial's parity class feasible under the search's parity mode?"""
-    if parity_mode == "exact":
-        return parity_class == "exact"
-    return parity_class in ("exact", "tolerance")
 
 
 def constraints_from_attrs(frozen) -> tuple[float, float]:

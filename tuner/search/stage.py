@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import NoGPUError, TunerError, info
 from .objective import ObjectiveFactory
-from .planning import (DEFAULT_STORAGE, PARITY_MODES, SearchSettings, judge, launch_bound,
+from .planning import (DEFAULT_STORAGE, SearchSettings, judge, launch_bound,
                        plan_shapes, share_time, study_plans)
 from .samplers import check_sampler
 from .storage import storage_url
@@ -92,10 +92,10 @@ def read_shapes(path: str | Path):
 
 def search(shapes_path: str | Path, family: str, *, device=None, storage: str | None = None,
            timeout_s: float | None = None, trials: int | None = None, gpus: list[str] | None = None,
-           sampler: str = "tpe", threshold=None, seed: int = 0, parity_mode: str = "exact",
+           sampler: str = "tpe", threshold=None, seed: int = 0, parity_mode: str = "accuracy",
            trial_timeout_s: float = 600.0, objective_factory: ObjectiveFactory | str | None = None,
            progress: bool = True, heartbeat_s: int = 10, grace_s: int = 60,
-           graph_captured: bool = False) -> SearchSummary:
+           graph_captured: bool = False, parity_margin: float = 1.25) -> SearchSummary:
     """`tuner search`: budget the shape table, then search every surviving shape.
 
     `device`: a DeviceProfile, a profile name/path, or None (tuner.device.choose_profile).
@@ -106,9 +106,12 @@ def search(shapes_path: str | Path, family: str, *, device=None, storage: str | 
 
     from .supervisor import run_search, visible_gpus
 
+    from tuner.parity import resolve_gate
+
     check_sampler(sampler)
-    if parity_mode not in PARITY_MODES:
-        raise TunerError(f"unknown parity mode {parity_mode!r}; expected {' or '.join(PARITY_MODES)}")
+    parity_mode = resolve_gate(parity_mode, quiet=True)
+    if not parity_margin >= 1.0:
+        raise TunerError(f"--parity-margin must be at least 1, got {parity_margin}")
     if trials is not None and trials < 1:
         raise TunerError(f"--trials must be at least 1, got {trials}")
     if timeout_s is not None and timeout_s <= 0:
@@ -125,7 +128,7 @@ def search(shapes_path: str | Path, family: str, *, device=None, storage: str | 
     judged = judge(table, family, profile, threshold=threshold, graph_captured=graph_captured)
     planned, skipped = plan_shapes(judged, family)
     plans, empty = study_plans(planned, family, profile, parity_mode=parity_mode,
-                               source=str(shapes_path))
+                               parity_margin=parity_margin, source=str(shapes_path))
     skipped += empty
     for key, reason in skipped:
         info(f"skip {key}: {reason}")

@@ -73,7 +73,7 @@ def prepare_studies(plans: list[StudyPlan], settings: SearchSettings) -> None:
         attrs = study.user_attrs
         wanted = {"family": plan.family, "shape": plan.shape, "shape_key": plan.shape_key,
                   "device": plan.device_key, "backend": plan.backend,
-                  "default_config": plan.default_config, "parity_mode": plan.parity_mode,
+                  "default_config": plan.default_config, "parity_mode": plan.parity_mode, "parity_margin": plan.parity_margin,
                   "weight_us_per_token": plan.weight, "n_valid_configs": plan.n_valid,
                   **{k: plan.attrs.get(k) for k in ("calls_per_step", "step_us", "step_basis",
                                                     "hit_rate", "phase", "source")}}

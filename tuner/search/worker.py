@@ -29,7 +29,8 @@ from . import claims
 from .claims import Ending
 from .objective import Objective, TrialResult, evaluate, resolve_factory
 from .planning import SearchSettings, StudyPlan, config_key, full_config, valid_params
-from .samplers import make_sampler, parity_ok, set_constraints
+from ..parity import DEFAULT_MARGIN
+from .samplers import make_sampler, set_constraints
 from .storage import make_storage, plain
 
 __all__ = ["BaselineStarted", "EXIT_CONTEXT_LOST", "Heartbeat", "TrialEnded", "TrialStarted",
@@ -123,7 +124,8 @@ class Heartbeat:
             self._thread.join()
 
 
-def record_result(trial, result: TrialResult, parity_mode: str) -> Ending:
+def record_result(trial, result: TrialResult, parity_mode: str,
+                  parity_margin: float = DEFAULT_MARGIN) -> Ending:
     """The objective's result -> the trial's user attrs and constraints; how the trial ends.
     The one place a measurement is written to a trial."""
     if result.failure:
@@ -134,10 +136,12 @@ def record_result(trial, result: TrialResult, parity_mode: str) -> Ending:
         return Ending("FAIL", "failed", fatal=bool(result.fatal))
     trial.set_user_attr("median_us", float(result.median_us))
     trial.set_user_attr("noise_pct", None if result.noise_pct is None else float(result.noise_pct))
-    trial.set_user_attr("output_hash", result.output_hash)
-    trial.set_user_attr("parity", result.parity)
-    trial.set_user_attr("rel_err", float(result.rel_err) if _finite(result.rel_err) else None)
-    infeasible = not parity_ok(result.parity, parity_mode)
+    # the three parity facts, whatever the gate; `parity` is the gate it passed, or "mismatch"
+    facts = result.facts
+    for name, value in (facts.to_attrs() if facts is not None else {}).items():
+        trial.set_user_attr(name, value)
+    infeasible = facts is None or not facts.passes(parity_mode, parity_margin)
+    trial.set_user_attr("parity", "mismatch" if infeasible else parity_mode)
     set_constraints(trial, space=0.0, parity=1.0 if infeasible else 0.0)
     if trial.user_attrs.get("role") == "default":
         trial.study.set_user_attr("default_us", float(result.median_us))
@@ -176,7 +180,7 @@ def _decide(trial, plan: StudyPlan, state, objective: Objective, started: Callab
         stepped_back = claims.check_trial_cap(trial, plan, trials, params)
         if stepped_back is not None:
             return stepped_back
-    return record_result(trial, evaluate(objective, config), plan.parity_mode)
+    return record_result(trial, evaluate(objective, config), plan.parity_mode, plan.parity_margin)
 
 
 def run_trial(study, plan: StudyPlan, state, objective: Objective,
