@@ -16,6 +16,7 @@ Format (search_spaces/<family>.yaml)::
           num_stages: [1, 2]
     constraints:                 # Python expressions over params and the shape (m, n, k, ...)
       - "BLOCK_K * SPLIT_K <= max(k, BLOCK_K)"
+    order_params: [BLOCK_K, SPLIT_K]   # params that change the summation order (output bytes)
 
 `space_for(family, backend, shape)` gives the parameter lists; `configs(...)` enumerates the
 grid and keeps configs that satisfy every constraint; `check(config, shape)` says why a config
@@ -52,6 +53,16 @@ class SearchSpace:
     backend: str
     params: dict[str, list]
     constraints: tuple[str, ...]
+    # Parameters whose value changes the summation order, so the output bytes: configs that agree
+    # with the default config on these share its parity class (`--parity kernel`).
+    order_params: tuple[str, ...] = ()
+
+    def within_class_of(self, default: dict) -> "SearchSpace":
+        """This space with the order parameters fixed at `default`'s values: the configs a
+        `--parity kernel` search can find (the default's class, as far as the space declares)."""
+        params = {k: ([default[k]] if k in self.order_params and k in default else list(v))
+                  for k, v in self.params.items()}
+        return SearchSpace(self.family, self.backend, params, self.constraints, self.order_params)
 
     def allows(self, config: dict, shape: dict) -> bool:
         scope = {**_SAFE_FUNCS, **shape, **config}
@@ -151,7 +162,9 @@ def space_for(family: str, backend: str, directory: Path | None = None) -> Searc
     for k, v in params.items():
         if not v:
             raise TunerError(f"search space {family}/{backend}: parameter {k} has no values")
-    return SearchSpace(family, backend, params, tuple(constraints))
+    # order params of another backend's knobs (TMA on hip) do not apply here
+    order = tuple(k for k in data.get("order_params") or () if k in params)
+    return SearchSpace(family, backend, params, tuple(constraints), order)
 
 
 # ---------------------------------------------------------------------------- shape schemas
