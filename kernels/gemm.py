@@ -329,6 +329,16 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
         config.update({"waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1})
     else:
         config["TMA"] = 0  # the pointer kernel: runs on every layout and alignment
+    if (not hip and 9 <= m <= 64 and _batch(shape) == 1 and shape.get("layout", "NT") == "NT"
+            and n >= 1024 and k >= 1024 and k % 8 == 0):
+        # Decode batches: the swap-AB skinny kernel (W rows on wgmma's wide side, TMA stages).
+        # The H200 sweep's m = 16..64 winner on the 8B decode linears (scripts/gpu/kernels15.sh,
+        # 2026-12-01: 1.04-1.20x torch where the tiled default was 0.79-1.05x; BENCHMARKS.md).
+        wide, block_m = n >= 12288, max(16, pow2_at_least(m))
+        block_k = 256 if not wide and n > 1024 and block_m <= 32 else 128
+        config = {"BLOCK_M": block_m, "BLOCK_N": 128 if wide else 64, "BLOCK_K": block_k,
+                  "GROUP_M": 1, "SPLIT_K": 4 if n <= 1024 else 1, "SWAP_AB": 1, "TMA": 1,
+                  "num_warps": 4, "num_stages": 4 if wide or block_k == 256 else 6}
     return config
 
 

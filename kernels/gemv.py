@@ -407,13 +407,23 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
     # num_stages 1: Triton does not pipeline this loop (no tl.dot), see search_spaces/gemv.yaml
     config = {"ROWS_PER_BLOCK": rows, "BLOCK_K": block_k, "SPLIT_K": split_k,
               "num_warps": num_warps, "USE_DOT": 0, "num_stages": 1}
-    if m >= 2 and n >= 4096 and k >= 256:
-        # Several x rows on a wide n: the tl.dot variant with pipelined W loads. Measured on the
-        # H200 (cold L2, m=4): n=4864,k=896 5.5 us against 8.3 us for the FMA default; lm_head
-        # 151936x896 71 us against 146 us. The FMA variant re-reads x for every W element, m
-        # times per step, and ran at 2.5-3.0 TB/s on the big m=4 shapes.
-        config = {"ROWS_PER_BLOCK": 32, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4,
-                  "USE_DOT": 1, "num_stages": 2 if backend in ("hip", "dcu") else 4}
+    if m == 1 and backend == "cuda" and n >= 1024 and k >= 2048:
+        # One row of W a program, 2048-wide k steps, 8 warps: the H200 sweep's m = 1 winner on
+        # every 8B decode shape (scripts/gpu/kernels15.sh, 2026-12-01: 1.05-1.88x torch, 78-99%
+        # of the measured read bandwidth; BENCHMARKS.md).
+        config = {"ROWS_PER_BLOCK": 1, "BLOCK_K": 2048, "SPLIT_K": 1, "num_warps": 8,
+                  "USE_DOT": 0, "num_stages": 1}
+    elif m >= 2 and n >= 4096 and k >= 256:
+        if backend == "cuda" and k % 8 == 0:
+            # The swap-AB skinny kernel (W rows on wgmma's wide side, TMA stages): the H200
+            # sweep's m = 4 and 8 winner on most 8B shapes (1.02-1.18x torch, BENCHMARKS.md).
+            config = {"ROWS_PER_BLOCK": 64, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4,
+                      "USE_DOT": 2, "num_stages": 4}
+        else:
+            # Several x rows on a wide n: the tl.dot variant with pipelined W loads (the FMA
+            # variant re-reads x for every W element, m times per step).
+            config = {"ROWS_PER_BLOCK": 32, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4,
+                      "USE_DOT": 1, "num_stages": 2 if backend in ("hip", "dcu") else 4}
     if backend in ("hip", "dcu"):
         config["waves_per_eu"] = 0
     return config

@@ -243,6 +243,8 @@ def test_swap_ab_in_the_spaces():
            "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1}
     assert hip.check(amd, shape) == ""
     assert "SWAP_AB" in space_for("gemm", "dcu").params
-    # every default config names SWAP_AB (the loader refuses configs with missing parameters)
+    # every default config names SWAP_AB (the loader refuses configs with missing parameters);
+    # on cuda a decode batch defaults to the skinny kernel (the H200 sweep's winner)
     for backend in ("cuda", "hip", "dcu"):
-        assert gemm.default_config(shape, backend)["SWAP_AB"] == 0
+        assert gemm.default_config(shape, backend)["SWAP_AB"] == (1 if backend == "cuda" else 0)
+        assert space_for("gemm", backend).check(gemm.default_config(shape, backend), shape) == ""

@@ -36,7 +36,7 @@ VLLM_REPLAY = "tracelens_mi300x_vllm_gptoss20b_decode_bs32_full_replay.json.gz"
 # CUDA capture + replay pairs: <name>_capture.pt.trace.json.gz, <name>_replay.pt.trace.json.gz
 # and <name>.meta.json in tests/fixtures/traces. "cuda_full" is synthetic (make_synthetic.py);
 # the H200 pairs of scripts/gpu/capture_pairs.py replace it once captured.
-CUDA_PAIRS = ["cuda_full"]
+CUDA_PAIRS = ["cuda_full", "h200_decoder_full", "h200_decoder_full_bias_vllm"]
 
 
 def run_cli(capsys, *argv):

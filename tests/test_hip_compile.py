@@ -105,7 +105,7 @@ def test_cuda_space_sample_compiles_for_sm90(shape, record_property):
 
 def test_default_configs_load_w_with_wide_vectors(record_property):
     """The FMA variant's W tile loads compile to 16-byte vector loads (ld.global.v4 /
-    global_load_dwordx4); the dot variant's pipelined loads go through cp.async on sm90."""
+    global_load_dwordx4); the m = 4 default (the skinny kernel) loads W with TMA into wgmma."""
     shape = {"m": 1, "n": 14336, "k": 4096, "dtype": "bfloat16"}
     (cuda,) = _check_all_fit(SM90, [gemv.default_config(shape, "cuda", 132)], shape,
                              record_property)
@@ -115,9 +115,9 @@ def test_default_configs_load_w_with_wide_vectors(record_property):
     assert hip.wide_loads > 0
     m4 = {**shape, "m": 4}
     dot = gemv.default_config(m4, "cuda", 132)
-    assert dot["USE_DOT"] == 1
+    assert dot["USE_DOT"] == 2  # the skinny kernel: W through TMA into wgmma
     ((res,),) = compile_configs("gemv", [(m4, dot)], SM90, with_asm=True)
-    assert "cp.async" in res.asm and "mma" in res.asm
+    assert "wgmma" in res.asm and "cp.async.bulk.tensor" in res.asm and res.n_spills == 0
 
 
 def test_dcu_space_sample_compiles_for_gfx90a_proxy(record_property):
