@@ -20,6 +20,10 @@ if [ -f "${DEVICE_JSON:-}" ]; then cp "$DEVICE_JSON" artifacts/devices/nvidia-h2
 if [ ! -f artifacts/devices/nvidia-h200.json ]; then
   stamp "tuner device"; timeout 60 python3 -m tuner.cli device 2>&1 | tail -n 6 | tee -a "$LOG"
 fi
+if [ -n "${GPU_TESTS:-}" ]; then
+  stamp "gpu tests"
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS 2>&1 | tail -n 25 | tee -a "$LOG"
+fi
 for item in ${MODELS:-qwen3_8b:1}; do
   model=${item%%:*}; batch=${item##*:}; cfg=shapes/examples/models/$model.json
   D="$W/$model-b$batch"; mkdir -p "$D"
@@ -48,11 +52,9 @@ for item in ${MODELS:-qwen3_8b:1}; do
     > "$D/ab.log" 2>&1; echo "ab rc=$?" | tee -a "$LOG"
   grep -v "^  \.\. " "$D/ab.log" | tail -n 26 | tee -a "$LOG"
   rm -rf "$D"/trace/*/traces "$D"/ab/*/traces
+  cp "$D"/ab/*/ab.json "$OUT/ab_$model-b$batch.json" 2>/dev/null
+  cp "$D"/ab/*/ab.md "$OUT/ab_$model-b$batch.md" 2>/dev/null
 done
-if [ -n "${GPU_TESTS:-}" ]; then
-  stamp "gpu tests"
-  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS 2>&1 | tail -n 25 | tee -a "$LOG"
-fi
 stamp "pack"
 cp "$LOG" "$W/"
 tar -czf "$OUT/session.tar.gz" -C "$W" . 2>/dev/null
