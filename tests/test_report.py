@@ -416,7 +416,23 @@ def test_an_ab_directory_gets_its_own_report(tmp_path):
     assert f"  report: {directory / 'report.html'}" in lines
     page = parse(directory / "report.html")
     assert len(page.sections["ab"]["images"]) == 3
-    assert page.sections["budget"]["notes"][0].startswith("not run: no budget.parquet")
+    for name in ("budget", "plan", "search", "verdicts"):
+        (text,) = page.sections[name]["notes"]
+        assert text.startswith("not run: this folder holds one A/B (`tuner ab`)")
+    assert page.headings[0] == ("h1", "tuner report: TinyDecode-b2")
+
+
+def test_a_crashed_ab_given_with_ab_is_its_reason(recorded, tmp_path):
+    from tuner.ab import verdict as abv
+
+    crashed = abv.decide(None, label="crashy-b1", crashed="capture: tuned arm: SIGSEGV")
+    (tmp_path / "crashy").mkdir()
+    (tmp_path / "crashy" / "ab.json").write_text(json.dumps(crashed.to_json()))
+    page = parse(report.render(recorded.parent, ab=[tmp_path / "crashy"],
+                               output=tmp_path / "with_crash.html"))
+    assert {("h3", "crashy-b1 FAIL"), ("h3", "QwenDecode-b4 PASS")} <= set(page.headings)
+    assert "crashed: capture: tuned arm: SIGSEGV" in page.sections["ab"]["notes"]
+    assert len(page.sections["ab"]["images"]) == 3  # the crashed one draws nothing
 
 
 @pytest.mark.slow

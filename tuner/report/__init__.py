@@ -23,7 +23,8 @@ from ..tables import atomic_write_bytes
 from . import charts
 from .data import RUN_RECORD, RunData, load_run, record_run
 from .html import page
-from .sections import ab_section, budget_section, plan_section, search_section, verdicts_section
+from .sections import (ab_only, ab_section, budget_section, plan_section, search_section,
+                       verdicts_section)
 
 __all__ = ["REPORT_NAME", "RUN_RECORD", "RunData", "load_run", "record_run", "render",
            "render_html", "write_ab_report", "write_run_report"]
@@ -44,7 +45,8 @@ def render_html(data: RunData) -> str:
         sections.append(html_text)
         cards.append((title, card))
     options = data.record.get("options") or {}
-    bits = [f"run directory {data.path}"]
+    only_ab = ab_only(data)
+    bits = [f"{'A/B' if only_ab else 'run'} directory {data.path}"]
     if options.get("family"):
         bits.append(f"family {options['family']}")
     if data.budget is not None and "profile" in data.budget.columns and len(data.budget):
@@ -52,6 +54,8 @@ def render_html(data: RunData) -> str:
     name = data.path.resolve().name
     # cards: budget, search, verdicts, A/B (the plan's line goes with the budget's)
     top = [("Budget", f"{cards[0][1]}; {cards[1][1]}"), cards[2], cards[3], cards[4]]
+    if only_ab:  # the run's own report has these
+        top = [(title, "in the run's report") for title, _ in top[:3]] + [top[3]]
     return page(f"tuner report: {name}", "; ".join(bits), top, sections)
 
 

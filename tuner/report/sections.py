@@ -18,7 +18,7 @@ from ..units import Threshold, parse_threshold
 from . import charts
 from .html import esc, figure, markdown_table, note, num, pill, section, table
 
-__all__ = ["ab_section", "budget_section", "parse_threshold_text", "plan_section",
+__all__ = ["ab_only", "ab_section", "budget_section", "parse_threshold_text", "plan_section",
            "search_section", "verdicts_section"]
 
 _THRESHOLD = re.compile(r"if ([0-9.eE+-]+) x its headroom >= ([0-9.eE+-]+)(%| us/token)")
@@ -51,6 +51,20 @@ def _chart(make, caption: str, alt: str, charts_ok: bool) -> str:
     return figure(charts.png(make()), caption, alt)
 
 
+AB_ONLY = ("this folder holds one A/B (`tuner ab`): the budget, the plan, the search and the "
+           "verdicts are in the report of the `tuner run` that made the export")
+
+
+def ab_only(data) -> bool:
+    """A folder `tuner ab` wrote: A/Bs and nothing of a run."""
+    return bool(data.abs) and data.budget is None and data.plan_md is None \
+        and data.verdicts is None and not data.record
+
+
+def _missing(data, default: str) -> str:
+    return AB_ONLY if ab_only(data) else default
+
+
 def _charts_note(charts_ok: bool, why: str) -> str:
     return "" if charts_ok else note("charts not drawn",
                                      why + "; the tables below have the numbers")
@@ -73,7 +87,7 @@ def _shape_label(row) -> str:
 def budget_section(data, charts_ok: bool, charts_why: str) -> tuple[str, str]:
     budget = data.budget
     if budget is None:
-        why = data.budget_note or f"no budget.parquet in {data.path}"
+        why = data.budget_note or _missing(data, f"no budget.parquet in {data.path}")
         return section("budget", "Budget", note("not run", why)), "not run"
     threshold = _run_threshold(data)
     basis = str(budget["step_basis"].iloc[0]) if "step_basis" in budget.columns else "wall"
@@ -141,8 +155,8 @@ def budget_section(data, charts_ok: bool, charts_why: str) -> tuple[str, str]:
 # ------------------------------------------------------------------------------------- plan
 def plan_section(data) -> tuple[str, str]:
     if data.plan_md is None:
-        return section("plan", "Search plan", note("not run", f"no plan.md in {data.path}")), \
-            "not run"
+        why = _missing(data, f"no plan.md in {data.path}")
+        return section("plan", "Search plan", note("not run", why)), "not run"
     title = next((line.lstrip("# ").strip() for line in data.plan_md.splitlines()
                   if line.startswith("#")), "Search plan")
     header, rows = markdown_table(data.plan_md)
@@ -161,7 +175,7 @@ def _not_searched(data) -> str:
     if record.get("not_searched"):
         return record["not_searched"]
     if data.verdicts is None:
-        return "this run directory has no record of a search (run.json)"
+        return _missing(data, "this run directory has no record of a search (run.json)")
     return ""
 
 
@@ -217,7 +231,8 @@ def _yes(x) -> str:
 def verdicts_section(data, charts_ok: bool, charts_why: str) -> tuple[str, str]:
     verdicts = data.verdicts
     if verdicts is None:
-        why = data.verdicts_note or _not_searched(data) or f"no verdicts.parquet in {data.path}"
+        why = (data.verdicts_note or _not_searched(data)
+               or _missing(data, f"no verdicts.parquet in {data.path}"))
         return section("verdicts", "Verdicts", note("not run", why)), "not run"
     threshold = _run_threshold(data)
     step = float(pd.to_numeric(verdicts["step_us"], errors="coerce").median()) \
