@@ -12,7 +12,9 @@ the gate is teacher-forced: every arm is fed the fp32 reference's tokens, and at
 logits are compared with the reference's. The tuned arm is within the floor when its worst logits
 error is at most `margin` (the parity margin, 1.25) times the baseline arm's, and its top-1
 agreement with the reference is no lower than the baseline's by more than the A/A arm's own
-difference (at least two tokens of the batch's steps).
+difference, or than two standard errors of the difference of two agreement rates over the
+compared tokens (at least two tokens): a smaller difference is what another, equally accurate
+rounding gives on near-tied logits.
 
 Exit code: 0 when the tuned arm is faster beyond the A/A margin with outputs within the floor;
 3 when it is slower (or not faster beyond the margin), its outputs are beyond the floor, or the
@@ -135,9 +137,13 @@ def _outputs(verdict: ABVerdict, data: dict, margin: float) -> None:
         verdict.reasons.append("outputs not compared: no fp32 reference (run with --reference)")
         return
     settings = data.get("settings") or {}
-    one_token = 1.0 / max(1, int(settings.get("steps", 1)) * int(settings.get("batch", 1)))
+    tokens = max(1, int(settings.get("steps", 1)) * int(settings.get("batch", 1)))
     aa_gap = abs(tf.get("aa", tf["baseline"])["agreement"] - tf["baseline"]["agreement"])
-    floor = max(2 * one_token, aa_gap)
+    # two standard errors of the difference of two agreement rates over `tokens` tokens: a
+    # smaller difference is what any other equally accurate rounding gives on near-tied logits
+    p = min(max(tf["baseline"]["agreement"], 0.0), 1.0)
+    sampling = 2.0 * math.sqrt(2.0 * p * (1.0 - p) / tokens)
+    floor = max(2.0 / tokens, aa_gap, sampling)
     base_err, tuned_err = tf["baseline"]["max_error"], tf["tuned"]["max_error"]
     error_ratio = tuned_err / base_err if base_err > 0 else (1.0 if tuned_err == 0 else math.inf)
     report["error_ratio"] = error_ratio
