@@ -189,3 +189,14 @@ def test_trace_only_profiles_the_baseline_step(tmp_path):
     data = measure(("callable", TINY), settings)
     assert set(data["traces"]) == {"baseline"} and "group_us" not in data
     assert Path(data["traces"]["baseline"]["replay"]).stat().st_size > 0
+
+
+def test_run_with_ab_on_a_machine_without_gpu_says_what_the_ab_would_run(tmp_path, capsys):
+    if ab._have_gpu():
+        pytest.skip("this machine has a GPU")
+    example = HERE.parent / "shapes" / "examples" / "qwen25_05b_b4_live.pt.trace.json.gz"
+    rc = main(["run", str(example), "--graph-captured", "--ab", TINY, "--ab-batch", "2",
+               "-o", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "tuner ab would build" in out and "at batch 2" in out
+    assert "tuner ab needs a GPU" in out

@@ -349,4 +349,6 @@ def test_memory_stays_bounded_on_100000_nested_brackets(tmp_path, where, capsys)
         print(f"\n{n} nested brackets ({where}): peak RSS {peak_mb:.0f} MB; {err.strip()}")
     assert os.waitstatus_to_exitcode(status) == 0 and "exit 2" in out, err
     assert "nested deeper than 1000 levels" in err and err.count("\n") == 1
-    assert peak_mb < 400
+    # the child's imports alone (pandas, torch through the CLI) take 250-400 MB; the parse
+    # before the guard took 2.3 GB at 30,000 brackets and was killed at 100,000
+    assert peak_mb < 1024

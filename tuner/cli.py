@@ -545,6 +545,11 @@ def _add_run(sub) -> None:
                    help="where shapes, budget, plan and verdicts go (default artifacts/run/<trace>)")
     p.add_argument("--export-dir", metavar="DIR", default="artifacts/export",
                    help="export root (default artifacts/export, where the loader looks)")
+    p.add_argument("--ab", metavar="MODULE:CALLABLE",
+                   help="end with `tuner ab` of this harness with the export (docs/ab.md); the exit "
+                   "code is then the A/B's (0 faster with outputs in the floor, 3 not)")
+    p.add_argument("--ab-batch", type=int, default=1, metavar="B",
+                   help="the batch size of the A/B (default 1; the trace's batch is the one to use)")
     p.set_defaults(func=cmd_run)
 
 
@@ -552,13 +557,13 @@ def cmd_run(args) -> int:
     from .parity import resolve_gate
     from . import run
 
-    run.run(args.trace, family=args.family, timeout=args.timeout, storage=args.storage,
-               device=args.device, min_saving=args.min_saving, out_dir=args.output,
-               export_root=args.export_dir, top=args.top, parity=resolve_gate(args.parity),
-               parity_margin=args.parity_margin,
-               min_speedup=args.min_speedup, graph_captured=args.graph_captured,
-               trials=args.trials)
-    return 0
+    result = run.run(args.trace, family=args.family, timeout=args.timeout, storage=args.storage,
+                     device=args.device, min_saving=args.min_saving, out_dir=args.output,
+                     export_root=args.export_dir, top=args.top, parity=resolve_gate(args.parity),
+                     parity_margin=args.parity_margin,
+                     min_speedup=args.min_speedup, graph_captured=args.graph_captured,
+                     trials=args.trials, ab=args.ab, ab_batch=args.ab_batch)
+    return result.ab_exit or 0
 
 
 # ---------------------------------------------------------------------------------------------- ab

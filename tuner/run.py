@@ -44,6 +44,7 @@ class RunResult:
     exported: list[Path] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)  # the printed summary
     storage: str | None = None  # the study storage the search used
+    ab_exit: int | None = None  # tuner run --ab: the A/B's exit code
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -173,10 +174,37 @@ def run(trace: str | Path, **options) -> RunResult:
     (the study storage) in the run directory: tuner.report."""
     from .report import write_run_report
 
+    ab_target, ab_batch = options.pop("ab", None), options.pop("ab_batch", 1)
     result = run_stages(trace, **options)
     gpu = have_gpu() if options.get("gpu") is None else options["gpu"]
     write_run_report(result, options, gpu=gpu, out=options.get("out", print))
+    if ab_target:
+        result.ab_exit = run_ab(result, ab_target, ab_batch, gpu=gpu, out=options.get("out", print))
     return result
+
+
+def run_ab(result: RunResult, target: str, batch: int, *, gpu: bool, out=print) -> int:
+    """`tuner run --ab MODULE:CALLABLE`: the model's decode step both ways with this run's export
+    (tuner.ab); without a GPU, or with nothing exported, say what it would run."""
+    from . import ab
+    from .runtime import current_identity
+
+    spec = ("callable", target)
+    if not gpu:
+        for line in ab.plan_lines(spec, [batch], ab.ABSettings()):
+            out(line)
+        out("tuner ab needs a GPU: none is visible here, so the A/B was not run")
+        return 0
+    if not result.exported:
+        out("no A/B: nothing was exported, so the tuned arm would be the baseline")
+        return 0
+    key = (current_identity() or {}).get("key", "")
+    manifest = next((p for p in result.exported if p.name == "manifest.json"
+                     and p.parent.name == key), None)
+    export_dir = manifest.parent if manifest is not None else result.exported[0].parent
+    settings = ab.ABSettings(export_dir=str(export_dir))
+    return ab.run(spec, batches=[int(batch)], settings=settings,
+                  out_root=result.out_dir / "ab", out=out)
 
 
 def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float = "30m",
