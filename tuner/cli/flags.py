@@ -1,0 +1,55 @@
+"""Flags several commands take, each declared once: one meaning, default and help everywhere."""
+
+from __future__ import annotations
+
+__all__ = ["DEFAULT_STORAGE_TEXT", "device_flag", "family_flag", "min_saving_flag", "parity_flags",
+           "storage_flag", "timeout_flag"]
+
+
+DEFAULT_STORAGE_TEXT = "sqlite:///artifacts/studies.db"
+
+
+def device_flag(p, what: str) -> None:
+    from ..device import spec_names
+
+    p.add_argument("--device", metavar="PROFILE",
+                   help=f"device profile {what}: a JSON from `tuner device`, a saved profile name "
+                   f"or a spec name ({spec_names()}: published peaks, not measured); default: the "
+                   "measured profile of this machine's GPU or of the table's device, else the spec "
+                   "profile matching the device's name")
+
+
+def family_flag(p, default: str | None = "gemv", what: str = "kernel family to tune") -> None:
+    import kernels
+
+    names = ", ".join(kernels.family_names())
+    p.add_argument("--family", default=default, metavar="NAME",
+                   help=f"{what} ({names}); default {default or 'all'}")
+
+
+def min_saving_flag(p, what: str) -> None:
+    p.add_argument("--min-saving", metavar="THRESHOLD", default="0.5%",
+                   help=f"{what}: a share of the step (0.5%%) or a time per token (40us, 0.04ms); "
+                   "default 0.5%%")
+
+
+def storage_flag(p) -> None:
+    p.add_argument("--storage", metavar="URL",
+                   help="Optuna storage: sqlite:///path.db or postgresql://user:pass@host/db (shared "
+                   f"between hosts); a plain path is a SQLite file; default {DEFAULT_STORAGE_TEXT}")
+
+
+def parity_flags(p, what: str = "which candidates keep output parity") -> None:
+    from ..parity import ALIASES, DEFAULT_GATE, DEFAULT_MARGIN, GATE_HELP, GATES
+
+    p.add_argument("--parity", choices=(*GATES, *ALIASES), default=DEFAULT_GATE, metavar="GATE",
+                   help=f"{what}: {GATE_HELP}; default {DEFAULT_GATE}")
+    p.add_argument("--parity-margin", type=float, default=DEFAULT_MARGIN, metavar="X",
+                   help="the accuracy gate's bar: error at most X times the serving path's own "
+                   f"(default {DEFAULT_MARGIN:g})")
+
+
+def timeout_flag(p, what: str, default: str | None) -> None:
+    p.add_argument("--timeout", metavar="DURATION", default=default,
+                   help=f"{what}: 8h, 90m, 30s, 1h30m, or a bare number of seconds"
+                   + (f"; default {default}" if default else ""))
