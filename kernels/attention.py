@@ -30,6 +30,10 @@ from kernels.common import (DTYPES, KernelCall, launch_options, pow2_at_least,
                             row_value, tensor_backend)
 from kernels.cost import attention_cost
 
+__all__ = ["FAMILY", "LOG2E", "baseline", "bytes_moved", "combine_kernel",
+           "decode_attention_kernel", "default_config", "flops", "kv_bytes", "launch",
+           "launch_plan", "make_inputs", "reference", "shape_from_row", "shape_key"]
+
 LOG2E = 1.4426950408889634
 _TORCH_SDPA = torch.nn.functional.scaled_dot_product_attention
 

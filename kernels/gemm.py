@@ -38,6 +38,10 @@ from kernels.common import (DTYPES, KernelCall, launch_options, pow2_at_least,
                             row_value, tensor_backend)
 from kernels.cost import gemm_cost
 
+__all__ = ["FAMILY", "LAYOUTS", "REDUCE_BLOCK", "baseline", "bytes_moved", "default_config",
+           "flops", "gemm_kernel", "gemm_tma_kernel", "launch", "launch_plan", "make_inputs",
+           "reference", "shape_from_row", "shape_key", "splitk_reduce_kernel", "tma_supported"]
+
 LAYOUTS = ("NN", "NT", "TN", "TT")
 REDUCE_BLOCK = 1024
 

@@ -38,6 +38,11 @@ from kernels import COMMON_SOURCES, KernelFamily, format_shape_key, skinny
 from kernels.common import DTYPES, KernelCall, cdiv, interpreting, launch_options, tensor_backend
 from kernels.cost import gemm_cost
 
+__all__ = ["DOT_ROWS", "FAMILY", "HIP_OPTIONS", "KERNEL_PARAMS", "LAUNCH_OPTIONS", "MAX_M",
+           "OPTIONAL_PARAMS", "REDUCE_BLOCK_N", "SKINNY_SOURCE", "baseline", "bytes_moved",
+           "check_config", "default_config", "flops", "gemv", "k_per_split", "launch",
+           "launch_plan", "make_inputs", "reference", "shape_from_row", "shape_key"]
+
 MAX_M = 8
 KERNEL_PARAMS = ("ROWS_PER_BLOCK", "BLOCK_K", "SPLIT_K")
 OPTIONAL_PARAMS = ("USE_DOT",)  # 0 (default): FMA + row sums; 1: tl.dot variant; 2: skinny

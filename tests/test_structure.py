@@ -164,3 +164,13 @@ def test_structure_test_reads_real_files():
     assert len(modules()) > 15
     digest = hashlib.sha256((ROOT / "kernels" / "common.py").read_bytes()).hexdigest()
     assert len(digest) == 64
+
+
+def test_no_pipeline_module_is_over_700_lines_and_each_lists_its_public_names():
+    for name, path in modules().items():
+        if name.split(".")[0] != "tuner" or path.name == "__main__.py":
+            continue
+        text = path.read_text()
+        assert text.count("\n") <= 700, f"{name}: {text.count(chr(10))} lines"
+        if path.name != "__init__.py" or name.count(".") >= 1:
+            assert "__all__" in text, f"{name} lists no __all__"

@@ -33,6 +33,11 @@ from dataclasses import dataclass, field
 from .errors import CandidateFailure, TunerError
 from .timing import GraphTimer, bootstrap_median_interval, median, spread_pct
 
+__all__ = ["DEFAULT_GROUPS", "DEFAULT_REPLAYS", "FALLBACK_L2_BYTES", "MAX_INPUT_SETS", "BenchRow",
+           "Paired", "Timing", "aa_noise", "backend_name", "bench_one", "compare", "format_rows",
+           "l2_bytes", "make_input_sets", "paired_from_groups", "parse_config", "parse_shape",
+           "run_command", "sweep", "time_baseline", "time_callable", "time_config"]
+
 DEFAULT_GROUPS = 10
 DEFAULT_REPLAYS = 10
 MAX_INPUT_SETS = 256

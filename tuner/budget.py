@@ -33,6 +33,12 @@ from .errors import NoGPUError, TunerError, warn
 from .tables import check_output_file, read_parquet, write_parquet
 from .units import DEFAULT_THRESHOLD, Threshold, is_number, pct as _pct
 
+__all__ = ["BIAS_OPS", "COMPUTE_FLOOR_DTYPES", "LAUNCH_BOUND_GPU_BUSY", "PHASE_ORDER", "amdahl",
+           "bytes_and_flops", "check_profile", "compute", "default_output", "describe_shape",
+           "floor_us", "format_table", "kernel_families", "kernel_shape", "measure_baselines",
+           "phase_notes", "read", "run_command", "saving_per_call_needed", "saving_per_token",
+           "surviving", "write"]
+
 # The profile measures the dense bf16 matmul rate. It bounds fp16/bf16 matmuls and, because fp32
 # and fp64 matmuls are never faster than bf16 on these GPUs, it is still a valid (low) floor for
 # them. FP8/INT8 matmuls can run faster than bf16, so for them only the bandwidth floor is used:

@@ -15,6 +15,11 @@ from pathlib import Path
 
 from .errors import TunerError
 
+__all__ = ["DCU_ARCHS", "DEVICES_DIR", "DeviceProfile", "choose_profile", "describe", "detect",
+           "detect_fields", "find_saved_profile", "is_hip", "load_profile", "measure",
+           "measure_kernel_floor", "measure_matmul_rate", "measure_read_bandwidth", "profile_key",
+           "save_profile", "spec_key_for", "spec_names", "stream_read_kernel", "versions"]
+
 DEVICES_DIR = Path("artifacts") / "devices"
 
 # Hygon DCU arch names (ROCm, wave64). Upstream Triton does not know them.

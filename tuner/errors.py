@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 
+__all__ = ["CandidateFailure", "NoGPUError", "TunerError", "info", "one_line", "warn"]
+
 
 class TunerError(Exception):
     """An error the user can fix; printed as one line, exit code 2."""

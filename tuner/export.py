@@ -38,6 +38,10 @@ from .errors import TunerError, info, warn
 from .runtime import EXPORT_FORMAT, EXPORT_ROOT, device_key_for
 from .tables import atomic_write_bytes, check_output_dir, remove_stale_temps
 
+__all__ = ["DCU_ARCHS", "MEASURED_FIELDS", "VLLM_FAMILIES", "accepted", "atomic_write_json",
+           "atomic_write_text", "export", "family_document", "load_verdicts", "row_problem",
+           "run_cli", "summary_lines", "valid_rows", "vllm_documents"]
+
 VLLM_FAMILIES = ("gemv", "gemm")
 MEASURED_FIELDS = ("baseline_us", "candidate_us", "default_us", "speedup", "speedup_low",
                    "speedup_high", "speedup_vs_default", "noise_pct", "saving_us_per_call",

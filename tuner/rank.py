@@ -36,6 +36,13 @@ from .parity import DEFAULT_GATE, DEFAULT_MARGIN, ParityFacts, resolve_gate
 from .tables import read_parquet, write_parquet
 from .units import Threshold, parse_threshold
 
+__all__ = ["DEFAULT_MIN_SPEEDUP", "DEFAULT_TOP", "IDENTITY_COLUMNS", "MEASURED_COLUMNS",
+           "PARITY_COLUMNS", "VERDICTS_DIR", "VERDICT_COLUMNS", "Candidate", "Measured", "Pair",
+           "StudyInfo", "best_distinct", "config_text", "decide", "decide_one", "feasible",
+           "fp_fusion_default", "identity_columns", "load_studies", "make_measure", "markdown",
+           "measure_on_gpu", "order", "parity_text", "rank", "read", "storage_url",
+           "summary_lines", "trials_note", "write"]
+
 VERDICTS_DIR = Path("artifacts") / "verdicts"
 DEFAULT_MIN_SPEEDUP = 1.01
 DEFAULT_TOP = 3

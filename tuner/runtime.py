@@ -41,6 +41,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+__all__ = ["EXPORT_FORMAT", "EXPORT_ROOT", "MANIFEST", "MAX_EXPORT_BYTES", "NEAREST_KEYS",
+           "LoadedExport", "config_for", "current_identity", "default_config", "detect_identity",
+           "device_key_for", "entry_problem", "export_dir", "hit_counts", "kernel_hash",
+           "load_family", "lookup", "manifest_problems", "mismatches", "miss_counts",
+           "normalize_value", "read_export", "reset", "resolve", "shape_tuple", "space_backend",
+           "status"]
+
 # Serving code imports this module: it reports through `logging` (its own logger, no handler of
 # ours), never through the CLI's stderr printer, and never raises into the caller.
 log = logging.getLogger("tuner.runtime")

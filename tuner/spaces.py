@@ -40,6 +40,9 @@ import yaml
 
 from .errors import TunerError
 
+__all__ = ["BACKENDS", "SHAPE_DTYPES", "SHAPE_LAYOUTS", "SPACES_PACKAGE", "SearchSpace",
+           "check_shape", "family_names", "load_raw", "space_for"]
+
 SPACES_PACKAGE = "search_spaces"  # the top-level search_spaces/ directory, a package of YAML data
 BACKENDS = ("cuda", "hip", "dcu")
 

@@ -25,6 +25,9 @@ import pandas as pd
 
 from .errors import TunerError
 
+__all__ = ["FILE_MODE", "TEMP_SUFFIX", "atomic_write_bytes", "check_output_dir",
+           "check_output_file", "read_parquet", "remove_stale_temps", "write_parquet"]
+
 FILE_MODE = 0o644  # outputs are configs and tables other users (a serving process) read
 TEMP_SUFFIX = ".tmp"
 
