@@ -148,15 +148,15 @@ def gemm_candidates(shape: dict) -> list[dict]:
     if m >= 256:
         tiles = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3),
                  (128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (64, 256, 64, 4, 4)]
-        configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": 1,
+        configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0,
                     "num_warps": w, "num_stages": s, "TMA": tma}
                    for bm, bn, bk, w, s in tiles for tma in (0, 1)]
     else:
         bm = max(16, min(64, 1 << (m - 1).bit_length()))
-        configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": sk,
+        configs = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": sk, "SWAP_AB": 0,
                     "num_warps": 4, "num_stages": 4, "TMA": tma}
                    for bn in (64, 128) for sk in (1, 2, 4, 8) for tma in (0, 1)]
-        configs += [{"BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": sk,
+        configs += [{"BLOCK_M": bm, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": sk, "SWAP_AB": 0,
                      "num_warps": 4, "num_stages": 4, "TMA": 0} for sk in (4, 8)]
     space = space_for("gemm", backend)
     configs = [{k: v for k, v in c.items() if k in space.params} for c in configs]  # no TMA on hip
