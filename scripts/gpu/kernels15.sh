@@ -25,6 +25,7 @@
 #   3. tables last: per case (TB/s, % of measured bandwidth, speedup [95% CI], parity, winner),
 #      the best time of each variant per case (which variant wins), and per model the decode step
 #      of its linears (sum over layers) against bytes / bandwidth and torch.
+# KERNELS15_SET=8b (default) | 27b (Gemma-3-27B-shaped linears, 5376 hidden) | all picks the shapes.
 # Budget KERNELS15_BUDGET_S (default 390 s): no case starts after it; cases are ordered so a cut
 # drops the least informative last. A RESULTS-JSON line holds every number.
 # CPU check of the Python (interpreter, tiny shapes, numbers meaningless):
@@ -112,6 +113,22 @@ MODELS = {  # name: (layers, [(linear, n, k, calls per layer)] split, merged)
 NK = [(4096, 4096, "q/o"), (1024, 4096, "kv"), (6144, 4096, "qkv"), (12288, 4096, "Qgate/up"),
       (14336, 4096, "Lgate/up"), (4096, 12288, "Qdown"), (4096, 14336, "Ldown"),
       (24576, 4096, "Qgate_up"), (28672, 4096, "Lgate_up")]
+MODELS_27B = {  # Gemma-3-27B-shaped: hidden 5376, ffn 21504, 32 q / 16 kv heads of 128, 62 layers
+    "Gemma-3-27B": (62, [("q", 4096, 5376, 1), ("k", 2048, 5376, 1), ("v", 2048, 5376, 1),
+                         ("o", 5376, 4096, 1), ("gate", 21504, 5376, 1), ("up", 21504, 5376, 1),
+                         ("down", 5376, 21504, 1)],
+                    [("qkv", 8192, 5376, 1), ("o", 5376, 4096, 1), ("gate_up", 43008, 5376, 1),
+                     ("down", 5376, 21504, 1)]),
+}
+NK_27B = [(4096, 5376, "Gq"), (2048, 5376, "Gkv"), (5376, 4096, "Go"), (8192, 5376, "Gqkv"),
+          (21504, 5376, "Ggate/up"), (5376, 21504, "Gdown"), (43008, 5376, "Ggate_up")]
+SHAPE_SET = os.environ.get("KERNELS15_SET", "8b")  # 8b (default), 27b, or all
+if SHAPE_SET not in ("8b", "27b", "all"):
+    raise SystemExit(f"KERNELS15_SET must be 8b, 27b or all, not {SHAPE_SET!r}")
+if SHAPE_SET == "27b":
+    MODELS, NK = MODELS_27B, NK_27B
+elif SHAPE_SET == "all":
+    MODELS, NK = {**MODELS, **MODELS_27B}, NK + NK_27B
 M_ORDER = (1, 32, 4, 128, 16, 8, 64, 256)  # interleaved: a spent budget cuts the m=256 cases last
 if SMOKE:
     NK, M_ORDER = [(72, 96, "tiny"), (40, 104, "tiny2")], (1, 3, 17)
