@@ -23,32 +23,14 @@ import pandas as pd
 import pytest
 
 from tuner import harvest, shapetable
-from tuner.cli import main
 from tuner.errors import TunerError
+from harvest_helpers import load_events, row, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "traces"
 EXAMPLES = ROOT / "shapes" / "examples"
 EXAMPLE = ROOT / "shapes" / "examples" / "qwen25_05b_b4_decode.pt.trace.json.gz"
 CPU_TRACE = FIXTURES / "cpu_tiny_decoder.pt.trace.json.gz"
-
-
-def row(df, **where):
-    sel = df
-    for k, v in where.items():
-        sel = sel[sel[k] == v]
-    assert len(sel) == 1, f"expected one row for {where}, got {len(sel)}"
-    return sel.iloc[0]
-
-
-def run_cli(capsys, *argv):
-    rc = main(["harvest", *map(str, argv)])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def load_events(path: Path) -> list[dict]:
-    return json.loads(gzip.open(path).read())["traceEvents"]
 
 
 # ------------------------------------------------------------------- the qwen H200 trace (CUDA)

@@ -20,26 +20,12 @@ import pandas as pd
 import pytest
 
 from tuner import harvest, shapetable
-from tuner.cli import main
 from tuner.harvest import table as table_module
+from harvest_helpers import row, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "traces"
 MI250 = "hta_mi250_rocm62_train.json.gz"
-
-
-def run_cli(capsys, *argv):
-    rc = main(["harvest", *map(str, argv)])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def row(df, **where):
-    sel = df
-    for k, v in where.items():
-        sel = sel[sel[k] == v]
-    assert len(sel) == 1, f"expected one row for {where}, got {len(sel)}"
-    return sel.iloc[0]
 
 
 SHAPE_COLUMNS = ["op", "phase", "m", "n", "k", "batch", "dtype", "layout", "calls",

@@ -25,8 +25,8 @@ import pandas as pd
 import pytest
 
 from tuner import harvest, shapetable
-from tuner.cli import main
 from tuner.errors import TunerError
+from harvest_helpers import load_events, row, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "traces"
@@ -37,24 +37,6 @@ VLLM_REPLAY = "tracelens_mi300x_vllm_gptoss20b_decode_bs32_full_replay.json.gz"
 # and <name>.meta.json in tests/fixtures/traces. "cuda_full" is synthetic (make_synthetic.py);
 # the H200 pairs of scripts/gpu/capture_pairs.py replace it once captured.
 CUDA_PAIRS = ["cuda_full", "h200_decoder_full", "h200_decoder_full_bias_vllm"]
-
-
-def run_cli(capsys, *argv):
-    rc = main(["harvest", *map(str, argv)])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def load_events(path: Path) -> list[dict]:
-    return json.loads(gzip.open(path).read())["traceEvents"]
-
-
-def row(df, **where):
-    sel = df
-    for k, v in where.items():
-        sel = sel[sel[k] == v]
-    assert len(sel) == 1, f"expected one row for {where}, got {len(sel)}"
-    return sel.iloc[0]
 
 
 def pair(name: str) -> tuple[Path, Path, dict]:
