@@ -111,6 +111,44 @@ def test_attribution_splits_the_saving_per_shape_and_the_residual():
     assert residual["idle_and_launch_gaps_us"] == pytest.approx(100 - 60)
 
 
+def test_the_ceiling_is_the_baseline_step_with_every_linear_at_its_floor():
+    data = recorded(base=1000.0, tuned=900.0, aa=1000.0)
+    base = [{"op": "aten::mm", "family": "gemm", "phase": "decode", "m": 1, "n": 4096, "k": 4096,
+             "calls_per_step": 10.0, "us_per_call": 30.0, "kernels": "gemv", "step_us": 1000.0,
+             "step_gpu_us": 950.0},
+            {"op": "attention", "family": "attention", "phase": "decode", "batch": 1, "heads": 8,
+             "kv_heads": 8, "kv_len": 64, "head_dim": 64, "calls_per_step": 10.0,
+             "us_per_call": 5.0, "kernels": "sdpa", "step_us": 1000.0, "step_gpu_us": 950.0}]
+    tuned = [dict(base[0], op="tuner::linear", us_per_call=21.0), base[1]]
+    v = abv.decide(data, label="x", tables={"baseline": base, "tuned": tuned},
+                   floors={"m=1,n=4096,k=4096": 200.0}, floor_profile="H200 (test)")
+    # 300 µs of linear kernels per step, 200 at the floor: at most 1000 / 900
+    assert v.ceiling_step_us == pytest.approx(900.0)
+    assert v.ceiling_speedup == pytest.approx(1000.0 / 900.0, rel=1e-3)
+    assert v.ceiling_reached == pytest.approx(1.0, rel=1e-2)  # the 100 µs saved is all of it
+    (linear,) = [r for r in v.attribution if r["shape"].startswith("m=")]
+    assert linear["floor_us"] == 200.0
+    text = abv.markdown(v)
+    assert "Decode step: eager" in text and "Ceiling of linear tuning" in text and "H200 (test)" in text
+    assert v.to_json()["ceiling_speedup"] == pytest.approx(1000.0 / 900.0, rel=1e-3)
+    # without floors there is no ceiling, and no line about one
+    plain = abv.decide(data, label="x", tables={"baseline": base, "tuned": tuned})
+    assert not math.isfinite(plain.ceiling_step_us) and "Ceiling" not in abv.markdown(plain)
+
+
+def test_linear_floors_cost_each_linear_shape_on_the_device_profile():
+    rows = [{"op": "aten::mm", "family": "gemm", "phase": "decode", "m": 1, "n": 4096, "k": 4096,
+             "batch": 1, "dtype": "bfloat16", "calls_per_step": 36.0},
+            {"op": "attention", "family": "attention", "phase": "decode", "dtype": "bfloat16",
+             "calls_per_step": 36.0}]
+    floors, label = ab.linear_floors(rows, "NVIDIA H200")
+    assert set(floors) == {"m=1,n=4096,k=4096"} and "H200" in label
+    per_call = floors["m=1,n=4096,k=4096"] / 36.0
+    # 33.6 MB at the H200's few TB/s: a handful of µs a call
+    assert 5.0 < per_call < 10.0
+    assert ab.linear_floors(rows, "cpu")[0] == {}
+
+
 # ------------------------------------------------------------------ the measurement on CPU
 @pytest.fixture
 def export_dir(monkeypatch, tmp_path):
@@ -149,6 +187,24 @@ def test_the_measurement_runs_every_arm_on_the_cpu(export_dir, tmp_path):
     v = abv.decide(data, label="tiny")
     json.dumps(v.to_json())  # plain JSON, NaN as null
     assert v.outputs["error_ratio"] < 1.25  # the tuned kernels are as accurate as torch's
+
+
+def test_the_compiled_step_runs_both_ways_and_the_tuned_arm_still_hits(export_dir, tmp_path):
+    # aot_eager: Dynamo and AOTAutograd as --compile runs them, without needing a C++ compiler
+    settings = ABSettings(batch=2, prompt=4, steps=2, groups=2, replays=1, compile="aot_eager",
+                          export_dir=str(export_dir), out_dir=str(tmp_path / "ab"), device="cpu",
+                          families=("gemv",), profile=False)
+    stages = []
+    data = measure(("callable", TINY), settings, stages.append)
+    assert any("torch.compile aot_eager" in s for s in stages)
+    # the compiled tuned step calls tuner::linear (installing recompiled it) ...
+    assert sum(data["serving"]["hits"]["gemv"].values()) >= 3
+    forced = data["outputs"]["teacher_forced"]
+    # ... and uninstalling went back to the baseline's compiled code: A/A is the baseline
+    assert forced["aa"] == forced["baseline"]
+    v = abv.decide(data, label="tiny")
+    assert v.step_mode == "torch.compile (aot_eager)"
+    assert v.outputs["error_ratio"] < 1.25
 
 
 def test_a_crashing_arm_is_reported_with_its_stage(tmp_path, monkeypatch):

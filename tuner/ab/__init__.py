@@ -26,7 +26,8 @@ from .child import run_child
 from .measure import ABSettings
 from .verdict import EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, summary_lines
 
-__all__ = ["ABSettings", "ABVerdict", "AB_DIR", "plan_lines", "projected_savings", "run"]
+__all__ = ["ABSettings", "ABVerdict", "AB_DIR", "linear_floors", "plan_lines", "projected_savings",
+           "run"]
 
 AB_DIR = Path("artifacts") / "ab"
 
@@ -40,8 +41,9 @@ def _label(spec: tuple[str, str]) -> str:
 def plan_lines(spec: tuple[str, str], batches: list[int], settings: ABSettings) -> list[str]:
     what = f"--hf-config {spec[1]}" if spec[0] == "hf" else spec[1]
     export = settings.export_dir or "artifacts/export/<this GPU>"
+    step = f"torch.compile'd ({settings.compile}) " if settings.compile else ""
     return [f"tuner ab would build {what} (dtype {settings.dtype}, prompt {settings.prompt}) at "
-            f"batch {', '.join(map(str, batches))}, capture its decode step as a CUDA/HIP graph "
+            f"batch {', '.join(map(str, batches))}, capture its {step}decode step as a CUDA/HIP graph "
             f"three ways (baseline, tuned with {export}, A/A), decode {settings.steps} steps per "
             f"arm against an fp32 reference, time {settings.groups} x {settings.replays} replays "
             f"per arm and profile each arm for the per-shape attribution"]
@@ -132,6 +134,33 @@ def _projected(export_dir, baseline_rows, get_family, runtime) -> dict:
     return out
 
 
+def linear_floors(baseline_rows: list[dict], device_name: str) -> tuple[dict, str]:
+    """'m=..,n=..,k=..' -> the physical floor of that linear shape per step (calls x the longest
+    of bytes / bandwidth, flops / matmul rate and the kernel floor: tuner.budget's floor) on the
+    A/B's device profile (tuner.device.choose_profile: a measured profile when `tuner device`
+    saved one, else the datasheet's), and the profile's label; ({}, why) when there is none."""
+    from .. import budget
+    from ..device import choose_profile
+
+    try:
+        profile, label = choose_profile(trace_devices=[device_name])
+        budget.check_profile(profile)
+    except TunerError as exc:
+        return {}, f"no linear floors: {exc}"
+    kernel_floor = float(getattr(profile, "kernel_floor_us", 0.0) or 0.0)
+    floors: dict = {}
+    for row in baseline_rows:
+        if row.get("family") != "gemm" or row.get("phase") not in (None, "decode", "other"):
+            continue
+        nbytes, nflops, why = budget.bytes_and_flops(row)
+        if why:
+            continue
+        per_call = max(budget.floor_us(nbytes, nflops, row["dtype"], profile), kernel_floor)
+        key = f"m={row['m']},n={row['n']},k={row['k']}"
+        floors[key] = floors.get(key, 0.0) + per_call * float(row.get("calls_per_step") or 0.0)
+    return floors, label
+
+
 def _trace_only(spec, batches, settings, out_root, timeout_s, out) -> int:
     """The baseline decode step's graph capture and replays, profiled: the traces to harvest
     (`tuner harvest REPLAY --capture CAPTURE`) before a search of this model's shapes."""
@@ -176,15 +205,21 @@ def run(spec: tuple[str, str], *, batches: list[int], settings: ABSettings,
         child = run_child(spec, s, directory, timeout_s, echo=lambda line: info(f"  .. {line}"))
         tables, note = ({}, "")
         projected: dict = {}
+        floors, floor_label = {}, ""
         if child.ok and child.data.get("traces"):
             tables, note = _harvest(child.data["traces"])
             if note:
                 warn(note)
             if tables.get("baseline") and export_dir:
                 projected = projected_savings(export_dir, tables["baseline"])
+            if tables.get("baseline"):
+                floors, floor_label = linear_floors(tables["baseline"],
+                                                    str(child.data.get("device_name") or ""))
+                if not floors and floor_label:
+                    info(f"  {floor_label}")
         verdict = decide(child.data if child.ok else None, label=run_label,
                          crashed="" if child.ok else child.reason, tables=tables,
-                         projected=projected)
+                         projected=projected, floors=floors, floor_profile=floor_label)
         directory.mkdir(parents=True, exist_ok=True)
         record = verdict.to_json()
         record["seconds"] = child.seconds

@@ -16,6 +16,15 @@ announced through `progress(stage)` before it starts (the parent names the stage
 5. attribution (with `profile`): each arm captured again under the profiler (record_shapes) and
    a few replays profiled; the parent joins each pair with tuner.harvest (per-shape kernel time).
 
+With `compile` (a torch.compile backend, "inductor" from `tuner ab --compile`) the harness's
+decode step is compiled before anything runs, as a server that compiles its model (vLLM,
+SGLang's torch.compile mode) runs it: the elementwise work between the linears (norms, rotary,
+activations, residual adds) fuses into few kernels, so the linears are a larger share of the step
+than in the eager model. Both arms run the same compiled step: tuner.serving's custom ops are
+opaque to the compiler, installing them recompiles once (Dynamo guards on the patched forwards)
+and uninstalling finds the baseline's compiled code again. The compiles happen in the warm-up
+before each capture, never inside one.
+
 Returns plain JSON data. `device="cpu"` runs the same code without graphs (eager "replays",
 perf_counter clocks) for tests: its numbers mean nothing.
 """
@@ -32,7 +41,7 @@ import torch
 
 from .harness import hf_factory, load_factory, make_harness
 
-__all__ = ["ARMS", "ABSettings", "measure"]
+__all__ = ["ARMS", "ABSettings", "compile_decode", "measure"]
 
 ARMS = ("baseline", "tuned", "aa")
 
@@ -54,6 +63,14 @@ class ABSettings:
     dtype: str = "bfloat16"
     device: str = "cuda"
     trace_only: bool = False  # only the baseline arm's capture + replay traces (for harvest)
+    compile: str = ""  # a torch.compile backend for the decode step ("inductor"); "" = eager
+
+
+def compile_decode(harness, backend: str) -> None:
+    """Replace the harness's decode step by its torch.compile'd form (the module docstring)."""
+    if not backend:
+        return
+    harness.decode = torch.compile(harness.decode, backend=backend, dynamic=False)
 
 
 def _factory(spec: tuple[str, str]):
@@ -224,6 +241,7 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
     if settings.trace_only:
         progress("build: the model in " + settings.dtype)
         harness = make_harness(factory, dtype=dtype, **common)
+        compile_decode(harness, settings.compile)
         with torch.no_grad():
             harness.prefill()
             arm = _Arm("baseline", harness, gpu)
@@ -247,6 +265,7 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
 
     progress("build: the model in " + settings.dtype)
     harness = make_harness(factory, dtype=dtype, **common)
+    compile_decode(harness, settings.compile)
     model = harness.model
     result["model"] = {"class": type(model).__name__,
                        "parameters": int(sum(p.numel() for p in model.parameters())),
@@ -264,7 +283,8 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
     with torch.no_grad():
         harness.prefill()
         for arm in arms:
-            progress(f"capture: {arm.name} arm")
+            progress(f"capture: {arm.name} arm" + (f" (torch.compile {settings.compile}: the "
+                                                     f"warm-up compiles)" if settings.compile else ""))
             arm.capture()
         result["serving"] = arms[1].serving
 

@@ -54,6 +54,28 @@ class ABVerdict:
     attribution: list = field(default_factory=list)
     residual: dict = field(default_factory=dict)
     serving: dict = field(default_factory=dict)
+    step_mode: str = "eager"  # how the decode step ran before capture: eager / torch.compile
+    # the linears' physical ceiling: the baseline step with every attributed linear shape at its
+    # floor (bytes / bandwidth, flops / rate, the kernel floor) on `floor_profile`
+    ceiling_step_us: float = math.nan
+    floor_profile: str = ""
+
+    @property
+    def ceiling_speedup(self) -> float:
+        """The most any linear kernel could give this step: baseline / ceiling step."""
+        base = (self.arms.get("baseline") or {}).get("median_us", math.nan)
+        if not (math.isfinite(self.ceiling_step_us) and self.ceiling_step_us > 0):
+            return math.nan
+        return base / self.ceiling_step_us
+
+    @property
+    def ceiling_reached(self) -> float:
+        """The measured saving as a share of the linears' headroom (baseline - ceiling step)."""
+        base = (self.arms.get("baseline") or {}).get("median_us", math.nan)
+        headroom = base - self.ceiling_step_us
+        if not (math.isfinite(headroom) and headroom > 0):
+            return math.nan
+        return self.saving_us / headroom
 
     @property
     def exit_code(self) -> int:
@@ -69,6 +91,8 @@ class ABVerdict:
         data = asdict(self)
         data["exit_code"] = self.exit_code
         data["measured_over_projected"] = self.measured_over_projected
+        data["ceiling_speedup"] = self.ceiling_speedup
+        data["ceiling_reached"] = self.ceiling_reached
         return _finite(data)
 
 
@@ -160,8 +184,8 @@ def _outputs(verdict: ABVerdict, data: dict, margin: float) -> None:
             f"{tf['baseline']['agreement']:.3f} - floor {floor:.3f}")
 
 
-def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None
-                     ) -> tuple[list, dict]:
+def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,
+                     floors: dict | None = None) -> tuple[list, dict]:
     """Per shape (m, n, k): each arm's kernel time per step and kernels per call (from the
     harvested graph replays of the arms), the measured and the projected saving.
 
@@ -205,7 +229,8 @@ def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None
             "tuned_us": tuned["us_per_step"] if tuned else math.nan,
             "baseline_kernels": sorted(base["kernels"]) if base else [],
             "tuned_kernels": sorted(tuned["kernels"]) if tuned else [],
-            "measured_saving_us": measured, "projected_saving_us": proj})
+            "measured_saving_us": measured, "projected_saving_us": proj,
+            "floor_us": (floors or {}).get(key, math.nan)})
     rows.sort(key=lambda r: -(r["baseline_us"] if math.isfinite(r["baseline_us"]) else 0.0))
     residual = {}
     if "baseline" in totals and "tuned" in totals:
@@ -221,19 +246,38 @@ def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None
     return rows, residual
 
 
+def _ceiling(verdict: ABVerdict) -> None:
+    """The baseline step with every attributed linear shape (rows with a floor) at its floor."""
+    base = (verdict.arms.get("baseline") or {}).get("median_us", math.nan)
+    rows = [r for r in verdict.attribution
+            if math.isfinite(r.get("floor_us", math.nan)) and math.isfinite(r["baseline_us"])]
+    if rows and math.isfinite(base):
+        verdict.ceiling_step_us = base - sum(max(r["baseline_us"] - r["floor_us"], 0.0)
+                                             for r in rows)
+
+
 def decide(data: dict | None, *, label: str, crashed: str = "", tables: dict | None = None,
-           projected: dict | None = None, margin: float = DEFAULT_MARGIN) -> ABVerdict:
-    """The verdict of one A/B from its recorded measurement (module docstring)."""
+           projected: dict | None = None, margin: float = DEFAULT_MARGIN,
+           floors: dict | None = None, floor_profile: str = "") -> ABVerdict:
+    """The verdict of one A/B from its recorded measurement (module docstring). `floors` (shape
+    -> floor µs per step, see attribution_rows) give the linears' ceiling; it informs, it does
+    not decide."""
     verdict = ABVerdict(label=label, arms={}, crashed=crashed)
     if crashed or data is None:
         verdict.reasons.append(f"crashed: {crashed or 'no measurement'}")
         return verdict
+    backend = (data.get("settings") or {}).get("compile") or ""
+    verdict.step_mode = f"torch.compile ({backend})" if backend else "eager"
     verdict.serving = data.get("serving") or {}
     _timing(verdict, data.get("group_us") or {})
     _outputs(verdict, data, margin)
     if tables:
         timed = {name: arm["median_us"] for name, arm in verdict.arms.items()}
-        verdict.attribution, verdict.residual = attribution_rows(tables, projected or {}, timed)
+        verdict.attribution, verdict.residual = attribution_rows(tables, projected or {}, timed,
+                                                                 floors)
+        if floors:
+            verdict.floor_profile = floor_profile
+            _ceiling(verdict)
     if projected:
         verdict.projected_us = sum(v for v in projected.values() if math.isfinite(v))
     return verdict
@@ -246,7 +290,7 @@ def _f(value, fmt: str) -> str:
 
 
 def summary_lines(v: ABVerdict) -> list[str]:
-    out = [f"A/B {v.label}"]
+    out = [f"A/B {v.label} (decode step: {v.step_mode}, one CUDA/HIP graph)"]
     if v.crashed:
         out.append(f"  CRASHED: {v.crashed}")
         out.append("  verdict: FAIL (exit 3)")
@@ -272,6 +316,10 @@ def summary_lines(v: ABVerdict) -> list[str]:
         parts = [f"{n} vs baseline {r['first_divergence_vs_baseline'] or 'never'}, vs reference "
                  f"{r['first_divergence_vs_reference'] or 'never'}" for n, r in fr.items()]
         out.append("  greedy   first divergence (step): " + "; ".join(parts))
+    if math.isfinite(v.ceiling_step_us):
+        out.append(f"  ceiling  every linear at its floor: {v.ceiling_step_us:.1f} us/step, "
+                   f"{_f(v.ceiling_speedup, '.4f')}x at most; this export got "
+                   f"{_f(100 * v.ceiling_reached, '.0f')}% of that headroom ({v.floor_profile})")
     for row in v.attribution[:12]:
         out.append(f"    {row['shape']:<40} x{row['calls_per_step']:<5g} base "
                    f"{_f(row['baseline_us'], '8.1f')} tuned {_f(row['tuned_us'], '8.1f')} us/step, "
@@ -288,7 +336,8 @@ def summary_lines(v: ABVerdict) -> list[str]:
 
 
 def markdown(v: ABVerdict) -> str:
-    lines = [f"# A/B: {v.label}", ""]
+    lines = [f"# A/B: {v.label}", "", f"Decode step: {v.step_mode}, captured as one CUDA/HIP graph.",
+             ""]
     if v.crashed:
         return "\n".join(lines + [f"**Crashed:** {v.crashed}", "", "Verdict: FAIL (exit 3)", ""])
     lines += ["| arm | µs/step | spread |", "|---|---:|---:|"]
@@ -300,6 +349,12 @@ def markdown(v: ABVerdict) -> str:
               f"{_f(v.speedup_high, '.4f')}], A/A {_f(v.aa_ratio, '.4f')}× (margin "
               f"±{_f(v.aa_margin, '.4f')}). Saving {_f(v.saving_us, '.1f')} µs/step measured, "
               f"{_f(v.projected_us, '.1f')} projected ({_f(v.measured_over_projected, '.2f')}).", ""]
+    if math.isfinite(v.ceiling_step_us):
+        lines += [f"Ceiling of linear tuning: with every attributed linear shape at its floor the "
+                  f"baseline step would take {v.ceiling_step_us:.1f} µs "
+                  f"({_f(v.ceiling_speedup, '.4f')}× at most); this export got "
+                  f"{_f(100 * v.ceiling_reached, '.0f')}% of that headroom. Floors on "
+                  f"{v.floor_profile}.", ""]
     tf = (v.outputs or {}).get("teacher_forced") or {}
     if tf:
         lines += ["| arm | max logits error vs fp32 | top-1 agreement |", "|---|---:|---:|"]
@@ -308,11 +363,11 @@ def markdown(v: ABVerdict) -> str:
         lines.append("")
     if v.attribution:
         lines += ["| shape | calls/step | baseline µs | tuned µs | saved µs | projected µs | "
-                  "kernels (baseline → tuned) |", "|---|---:|---:|---:|---:|---:|---|"]
+                  "floor µs | kernels (baseline → tuned) |", "|---|---:|---:|---:|---:|---:|---:|---|"]
         for r in v.attribution:
             lines.append(f"| {r['shape']} | {r['calls_per_step']:g} | {_f(r['baseline_us'], '.1f')} | "
                          f"{_f(r['tuned_us'], '.1f')} | {_f(r['measured_saving_us'], '.1f')} | "
-                         f"{_f(r['projected_saving_us'], '.1f')} | "
+                         f"{_f(r['projected_saving_us'], '.1f')} | {_f(r.get('floor_us'), '.1f')} | "
                          f"{len(r['baseline_kernels'])} → {len(r['tuned_kernels'])} |")
         lines.append("")
     if v.residual:

@@ -60,6 +60,12 @@ def _add_ab(sub) -> None:
     p.add_argument("--trace-only", action="store_true",
                    help="only profile the baseline step's graph capture and replays, and print "
                    "the `tuner harvest` command that turns them into the model's shape table")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the decode step first, as a server that compiles its "
+                   "model runs it: the norms, rotary and activations fuse, so the linears are a "
+                   "larger share of the step (default: the eager step)")
+    p.add_argument("--compile-backend", default="inductor", metavar="NAME",
+                   help="the torch.compile backend of --compile (default inductor)")
     timeout_flag(p, "per batch size, for the whole measurement", "20m")
     p.add_argument("-o", "--output", metavar="DIR", default="artifacts/ab",
                    help="where <model>-b<batch>/ab.json and ab.md go (default artifacts/ab)")
@@ -80,7 +86,8 @@ def cmd_ab(args) -> int:
     settings = ab.ABSettings(prompt=args.prompt, steps=args.steps, groups=args.groups,
                              replays=args.replays, export_dir=args.export, families=families,
                              reference=not args.no_reference, profile=not args.no_profile,
-                             dtype=args.dtype, trace_only=args.trace_only)
+                             dtype=args.dtype, trace_only=args.trace_only,
+                             compile=args.compile_backend if args.compile else "")
     return ab.run(spec, batches=batches, settings=settings, out_root=args.output,
                   timeout_s=parse_duration(args.timeout))
 
