@@ -31,12 +31,33 @@ import triton
 __all__ = [
     "DTYPES", "CompileReport", "KernelCall", "cdiv", "compile_call", "compile_configs",
     "fix_interpreter", "interpreting", "launch_options", "pow2_at_least", "row_value",
-    "run_without_interpreter", "tensor_backend",
+    "run_without_interpreter", "sm_count", "tensor_backend",
 ]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 HIP_KNOBS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 HIP_BACKENDS = ("hip", "dcu")
+
+
+_SM_COUNTS: dict[int, int] = {}
+DEFAULT_SM_COUNT = 132  # an H100 / H200: the count for meta tensors, the CPU and offline compiles
+
+
+def sm_count(device=None) -> int:
+    """Multiprocessors (CUs on AMD) of `device` (a torch.device, or None: the current GPU);
+    DEFAULT_SM_COUNT where there is no GPU (CPU and meta tensors). Cached: launches call it."""
+    try:
+        if device is not None and torch.device(device).type != "cuda":
+            return DEFAULT_SM_COUNT
+        if not torch.cuda.is_available():
+            return DEFAULT_SM_COUNT
+        index = torch.device(device).index if device is not None else None
+        index = torch.cuda.current_device() if index is None else int(index)
+        if index not in _SM_COUNTS:
+            _SM_COUNTS[index] = int(torch.cuda.get_device_properties(index).multi_processor_count)
+        return _SM_COUNTS[index]
+    except Exception:  # noqa: BLE001 - a launch heuristic's input, never an error
+        return DEFAULT_SM_COUNT
 
 
 def interpreting() -> bool:

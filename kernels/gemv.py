@@ -36,6 +36,7 @@ import triton.language as tl
 
 from kernels import COMMON_SOURCES, KernelFamily, format_shape_key, skinny
 from kernels.common import DTYPES, KernelCall, cdiv, interpreting, launch_options, tensor_backend
+from kernels.common import sm_count as common_sm_count
 from kernels.cost import gemm_cost
 
 __all__ = ["DOT_ROWS", "FAMILY", "HIP_OPTIONS", "KERNEL_PARAMS", "LAUNCH_OPTIONS", "MAX_M",
@@ -45,7 +46,8 @@ __all__ = ["DOT_ROWS", "FAMILY", "HIP_OPTIONS", "KERNEL_PARAMS", "LAUNCH_OPTIONS
 
 MAX_M = 8
 KERNEL_PARAMS = ("ROWS_PER_BLOCK", "BLOCK_K", "SPLIT_K")
-OPTIONAL_PARAMS = ("USE_DOT",)  # 0 (default): FMA + row sums; 1: tl.dot variant; 2: skinny
+OPTIONAL_PARAMS = ("USE_DOT", "BALANCE_N")  # USE_DOT 0 (default): FMA + row sums; 1: tl.dot
+# variant; 2: skinny. BALANCE_N 1: the skinny kernel's balanced rows (kernels/skinny.py)
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 HIP_OPTIONS = ("waves_per_eu",)
 REDUCE_BLOCK_N = 1024
@@ -263,6 +265,10 @@ def check_config(config: dict) -> None:
         raise ValueError(f"gemv USE_DOT={use_dot} needs ROWS_PER_BLOCK >= 16 and BLOCK_K >= 16")
     if int(config.get("num_stages", 1)) < 1:
         raise ValueError("gemv num_stages must be >= 1")
+    if int(config.get("BALANCE_N", 0)) not in (0, 1) or (int(config.get("BALANCE_N", 0))
+                                                         and use_dot != 2):
+        raise ValueError("gemv BALANCE_N is 0, or 1 with USE_DOT=2 (the skinny kernel's "
+                         "balanced rows)")
 
 
 def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
@@ -308,7 +314,8 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
         kernel, grid, args, meta, options = skinny.plan(
             weight, x, target, bias, block_n=rows, block_m=DOT_ROWS, block_k=block_k,
             split_k=split_k, use_tma=backend in ("cuda", "cpu"), stride_cs=stride_cs,
-            stride_cm=stride_cm, options=launch_options(config, backend))
+            stride_cm=stride_cm, options=launch_options(config, backend),
+            balance=int(config.get("BALANCE_N", 0)) == 1)
         calls = [KernelCall(kernel, grid, args, meta, options)]
         if split_k > 1:
             calls.append(_reduce_call(part, out, bias, m, n, split_k))
@@ -357,21 +364,11 @@ def _next_pow2(v: int) -> int:
     return 1 << max(0, int(v) - 1).bit_length()
 
 
-def _sm_count() -> int:
-    try:
-        if torch.cuda.is_available():
-            return int(torch.cuda.get_device_properties(torch.cuda.current_device())
-                       .multi_processor_count)
-    except Exception:  # noqa: BLE001 - only a heuristic input
-        pass
-    return 132
-
-
 def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = None) -> dict:
     """A sane config without tuning: enough programs to fill the machine, wide loads along k,
     an fp32 accumulator budget of about 64 registers per thread."""
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
-    sms = sm_count or _sm_count()
+    sms = sm_count or common_sm_count()
     wave = 64 if backend in ("hip", "dcu") else 32
     num_warps = 4
     threads = wave * num_warps
@@ -429,6 +426,7 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
             # variant re-reads x for every W element, m times per step).
             config = {"ROWS_PER_BLOCK": 32, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4,
                       "USE_DOT": 1, "num_stages": 2 if backend in ("hip", "dcu") else 4}
+    config["BALANCE_N"] = 0  # the measured winners above; balanced rows are a search knob
     if backend in ("hip", "dcu"):
         config["waves_per_eu"] = 0
     return config

@@ -228,12 +228,29 @@ def test_skinny_split_k_is_deterministic_and_batched_shapes_keep_the_tiled_kerne
     assert rel_err(gemm.launch(bmm, SKINNY[0]), gemm.reference(bmm)) < TOLERANCE["float16"]
 
 
+@pytest.mark.parametrize("tma", [0, 1])
+def test_skinny_balanced_rows_give_the_same_bytes(tma):
+    # 70 rows in 64-row tiles: 2 programs; balanced on 132 SMs (2 activation tiles share each
+    # row range): 9 programs of 8 rows a tile column
+    shape = {"m": 20, "n": 70, "k": 40, "dtype": "bfloat16", "layout": "NT"}
+    inputs = gemm.make_inputs(shape, "cpu", seed=3)
+    config = {**SKINNY[0], "TMA": tma, "BALANCE_N": 1}
+    _, calls = gemm.launch_plan(inputs, config)
+    assert calls[0].grid == (2, 9, 1)
+    out = torch.full((20, 70), float("nan"), dtype=torch.bfloat16)
+    gemm.launch(inputs, config, out=out)
+    assert not torch.isnan(out).any()
+    assert digest(out) == digest(gemm.launch(inputs, {**config, "BALANCE_N": 0}))
+    assert rel_err(out, gemm.reference(inputs)) < TOLERANCE["bfloat16"]
+
+
 def test_swap_ab_in_the_spaces():
     shape = {"m": 32, "n": 14336, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
     config = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 1,
-              "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "TMA": 1}
+              "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "TMA": 1, "BALANCE_N": 1}
     cuda = space_for("gemm", "cuda")
     assert cuda.check(config, shape) == ""
+    assert cuda.check({**config, "SWAP_AB": 0, "BLOCK_K": 64}, shape) != ""  # balance: skinny only
     assert cuda.check({**config, "num_stages": 6}, shape) != ""  # 6 x 160 x 128 x 2 B > 227 KB
     assert cuda.check({**config, "BLOCK_N": 32}, shape) != ""  # below wgmma's 64 rows
     assert cuda.check({**config, "SWAP_AB": 0, "BLOCK_K": 256}, shape) != ""  # 256: skinny only

@@ -161,10 +161,19 @@ def test_cuda_space_is_small_enough_for_an_exhaustive_grid():
     space = space_for("gemv", "cuda")
     assert "waves_per_eu" not in space.params
     assert "waves_per_eu" in space_for("gemv", "hip").params
-    # the largest cuda spaces are m = 1 on the small projections (measured: <= ~750)
+    # the largest cuda spaces are m = 1 on the small projections (measured: <= ~750 before
+    # BALANCE_N, 858 with it). BALANCE_N doubles only the USE_DOT=2 configs (the skinny kernel's
+    # balanced rows), so the bound grew from 800 to 900, and the balanced configs are exactly one
+    # copy of the unbalanced USE_DOT=2 ones
     for m, n, k in [(1, 1024, 4096), (1, 5120, 17408), (1, 151936, 4096), (8, 4096, 4096)]:
-        count = len(space.configs({"m": m, "n": n, "k": k}))
-        assert 10 <= count <= 800, (m, n, k, count)
+        configs = space.configs({"m": m, "n": n, "k": k})
+        count = len(configs)
+        assert 10 <= count <= 900, (m, n, k, count)
+        balanced = [c for c in configs if c["BALANCE_N"] == 1]
+        assert all(c["USE_DOT"] == 2 for c in balanced), (m, n, k)
+        skinny = [c for c in configs if c["USE_DOT"] == 2 and c["BALANCE_N"] == 0]
+        assert len(balanced) == len(skinny), (m, n, k, len(balanced), len(skinny))
+        assert count - len(balanced) <= 800, (m, n, k, count)  # the old bound without the knob
 
 
 @pytest.mark.parametrize("split_k, use_dot", [(1, 0), (2, 0), (1, 1), (3, 1)])
@@ -252,25 +261,55 @@ def test_skinny_split_k_is_deterministic_and_fp16_works():
     assert _rel_err(first, FAMILY.reference(inputs)) < 1e-3
 
 
+@pytest.mark.parametrize("k", [100, 104])  # the pointer and the descriptor kernel
+def test_balanced_rows_give_the_same_bytes_over_more_programs(k):
+    # 200 rows in 64-row tiles: 4 programs; balanced on 132 SMs: 25 programs of 8 rows (the last
+    # one ragged), each still computing a 64-row tile and storing only its own rows
+    shape = {"m": 3, "n": 200, "k": k, "dtype": "bfloat16", "bias": 1}
+    inputs = FAMILY.make_inputs(shape, "cpu", seed=k)
+    config = {**SKINNY[0], "BALANCE_N": 1}
+    _, calls = gemv.launch_plan(inputs, config)
+    assert calls[0].grid == (1, 25, 1)
+    out = torch.full((3, 200), float("nan"), dtype=torch.bfloat16)
+    FAMILY.launch(inputs, config, out=out)
+    assert bool(torch.isfinite(out).all()), "some rows were never written"
+    plain = FAMILY.launch(inputs, {**config, "BALANCE_N": 0})
+    assert parity.output_hash(plain) == parity.output_hash(out)
+
+
+def test_balanced_rows_fill_whole_waves():
+    from kernels.skinny import balanced_rows
+
+    assert balanced_rows(14336, 128, 1, 132) == 112  # 112 programs -> 128 (of 132 SMs)
+    assert balanced_rows(4096, 64, 1, 132) == 32  # 64 programs -> 128
+    assert balanced_rows(28672, 128, 1, 132) == 112  # 224 -> 256 (two waves)
+    assert balanced_rows(1024, 64, 4, 132) == 32  # 16 x 4 splits -> 32 x 4
+    assert balanced_rows(33792, 128, 1, 132) == 128  # 264 programs: two whole waves already
+
+
 def test_new_variants_are_checked():
     inputs = FAMILY.make_inputs({"m": 1, "n": 8, "k": 16, "dtype": "bfloat16"}, "cpu")
     with pytest.raises(ValueError, match="USE_DOT must be"):
         FAMILY.launch(inputs, {"ROWS_PER_BLOCK": 64, "BLOCK_K": 16, "SPLIT_K": 1, "USE_DOT": 3})
     with pytest.raises(ValueError, match="USE_DOT=2 needs"):
         FAMILY.launch(inputs, {"ROWS_PER_BLOCK": 8, "BLOCK_K": 16, "SPLIT_K": 1, "USE_DOT": 2})
+    with pytest.raises(ValueError, match="BALANCE_N"):
+        FAMILY.launch(inputs, {"ROWS_PER_BLOCK": 8, "BLOCK_K": 16, "SPLIT_K": 1, "BALANCE_N": 1})
 
 
 def test_space_keeps_the_new_variants_where_they_fit():
     cuda, hip = space_for("gemv", "cuda"), space_for("gemv", "hip")
     shape = {"m": 1, "n": 14336, "k": 4096}
     skinny = {"ROWS_PER_BLOCK": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4,
-              "USE_DOT": 2}
+              "USE_DOT": 2, "BALANCE_N": 0}
     assert cuda.allows(skinny, shape)
+    assert cuda.allows({**skinny, "BALANCE_N": 1}, shape)  # balanced rows: the skinny kernel only
     assert not cuda.allows({**skinny, "num_stages": 6}, shape)  # 6 x 144 x 128 x 2 B > 160 KiB
     assert not cuda.allows({**skinny, "ROWS_PER_BLOCK": 32}, shape)  # below wgmma's 64 rows
     pipelined = {"ROWS_PER_BLOCK": 1, "BLOCK_K": 1024, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3,
-                 "USE_DOT": 0}
+                 "USE_DOT": 0, "BALANCE_N": 0}
     assert cuda.allows(pipelined, shape)
+    assert not cuda.allows({**pipelined, "BALANCE_N": 1}, shape)  # not for the FMA loop
     assert not hip.allows({**pipelined, "waves_per_eu": 0}, shape)  # gfx9: no FMA pipelining
     assert hip.allows({**skinny, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2, "waves_per_eu": 0},
                       shape)

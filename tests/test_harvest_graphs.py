@@ -324,3 +324,23 @@ def test_live_graph_needs_a_gpu(capsys):
     assert rc == 2 and "needs a CUDA or ROCm GPU" in err and err.count("\n") == 1
     rc, _, err = run_cli(capsys, FIXTURES / "cuda_full_replay.pt.trace.json.gz", "--graph")
     assert rc == 2 and "--graph goes with --live" in err
+
+
+def test_a_torch_compiled_step_harvests_as_its_linears_and_attention():
+    # Qwen3-8B-shaped, batch 1, torch.compile (inductor) before the graph capture, on the H200
+    # (`tuner ab --compile --trace-only`, 2026-12-01). Inductor names its fused elementwise
+    # kernels after the ops they fused ("triton_poi_fused__scaled_dot_product_cudnn_attention_
+    # _to_copy_..."): those are other kernels, not attention calls (they once made every row of
+    # this step an attention-led "prefill")
+    capture = FIXTURES / "h200_qwen3_8b_compiled_b1_capture.pt.trace.json.gz"
+    replay = FIXTURES / "h200_qwen3_8b_compiled_b1_replay.pt.trace.json.gz"
+    table = harvest.harvest([replay], capture=[capture], quiet=True).table
+    assert set(table["phase"]) == {"decode"}
+    linears = table[table["family"] == "gemm"]
+    got = {(int(r.m), int(r.n), int(r.k)): float(r.calls_per_step) for r in linears.itertuples()}
+    assert got[(1, 12288, 4096)] == 72 and got[(1, 4096, 12288)] == 36
+    assert got[(1, 4096, 4096)] == 72 and got[(1, 1024, 4096)] == 72
+    attention = table[table["family"] == "attention"]
+    assert len(attention) == 1 and int(attention.iloc[0]["calls_per_step"]) == 36
+    assert not any(str(op).startswith("triton_") for op in table["op"])
+    assert (linears["us_per_call"] > 0).all()

@@ -33,12 +33,14 @@ SHAPES = {
 }
 SAMPLES = {"cuda": 2, "hip": 2, "dcu": 1}  # random kept configs per shape, plus the default
 
-BIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8, "num_stages": 5}
+BIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8, "num_stages": 5,
+       "BALANCE_N": 0}
 LDS = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8,
-       "num_stages": 3, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1}
-SPILLING = {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8, "num_stages": 3}
+       "num_stages": 3, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1, "BALANCE_N": 0}
+SPILLING = {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8, "num_stages": 3,
+            "BALANCE_N": 0}
 TMA = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8,
-       "num_stages": 4, "TMA": 1}
+       "num_stages": 4, "TMA": 1, "BALANCE_N": 0}
 
 
 @functools.lru_cache(maxsize=None)
@@ -156,7 +158,7 @@ SKINNY_CUDA = [  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, TMA)
 
 def _skinny(bm, bn, bk, w, s, tma):
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "SWAP_AB": 1,
-            "num_warps": w, "num_stages": s, "TMA": tma}
+            "num_warps": w, "num_stages": s, "TMA": tma, "BALANCE_N": 0}
 
 
 def test_skinny_configs_are_wgmma_fed_by_tma_on_sm90():

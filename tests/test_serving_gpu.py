@@ -24,14 +24,17 @@ ROOT = Path(__file__).resolve().parent.parent
 LINEARS = [(4096, 4096), (4096, 12288), (12288, 4096), (4096, 1024)]  # chained: out -> next in
 GEMM_CONFIGS = [
     {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 2, "TMA": 1,
-     "SWAP_AB": 0, "num_warps": 4, "num_stages": 4},
+     "SWAP_AB": 0, "num_warps": 4, "num_stages": 4, "BALANCE_N": 0},
     {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 1, "TMA": 0,
-     "SWAP_AB": 0, "num_warps": 4, "num_stages": 4},
+     "SWAP_AB": 0, "num_warps": 4, "num_stages": 4, "BALANCE_N": 0},
     {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "SPLIT_K": 8, "TMA": 0,
-     "SWAP_AB": 0, "num_warps": 4, "num_stages": 3},
+     "SWAP_AB": 0, "num_warps": 4, "num_stages": 3, "BALANCE_N": 0},
     {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "SPLIT_K": 1, "TMA": 1,
-     "SWAP_AB": 1, "num_warps": 4, "num_stages": 4},  # the skinny kernel (the m=32 default)
+     "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "BALANCE_N": 1},  # skinny, balanced rows
 ]
+# the gemv skinny kernel with balanced rows (m = 2..8)
+GEMV_BALANCED = {"ROWS_PER_BLOCK": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4,
+                 "num_stages": 4, "USE_DOT": 2, "BALANCE_N": 1}
 
 CHILD = r'''
 import json, sys, torch
@@ -101,6 +104,13 @@ def test_the_batch_32_gemm_set_captures_and_replays(tmp_path):
 def test_gemv_captures_and_replays(tmp_path, m):
     _gpu_or_skip()
     result = run_case(tmp_path, "gemv", m, [None] * len(LINEARS))
+    assert len(result["hits"]["gemv"]) == len(LINEARS), result
+    assert result["bitwise_graph_vs_eager"] and result["rel_err"] < 2e-2, result
+
+
+def test_gemv_balanced_skinny_captures_and_replays(tmp_path):
+    _gpu_or_skip()
+    result = run_case(tmp_path, "gemv", 4, [GEMV_BALANCED] * len(LINEARS))
     assert len(result["hits"]["gemv"]) == len(LINEARS), result
     assert result["bitwise_graph_vs_eager"] and result["rel_err"] < 2e-2, result
 

@@ -153,16 +153,17 @@ def variant(family, config: dict) -> str:
         dot = int(config.get("USE_DOT", 0))
         if dot == 0:
             return {1: "fma", 2: "fma-pref"}.get(int(config.get("num_stages", 1)), "fma-pipe")
-        return "dot" if dot == 1 else "skinny"
+        return "dot" if dot == 1 else ("skinny-bal" if int(config.get("BALANCE_N", 0)) else "skinny")
     name = "skinny" if int(config.get("SWAP_AB", 0)) else "tiled"
-    return name + ("-tma" if int(config.get("TMA", 0)) else "")
+    return (name + ("-tma" if int(config.get("TMA", 0)) else "")
+            + ("-bal" if int(config.get("BALANCE_N", 0)) else ""))
 
 
 def short(config: dict) -> str:
     keys = {"ROWS_PER_BLOCK": "R", "BLOCK_M": "M", "BLOCK_N": "N", "BLOCK_K": "K", "SPLIT_K": "sk",
             "GROUP_M": "g", "num_warps": "w", "num_stages": "s", "USE_DOT": "dot", "TMA": "tma",
-            "SWAP_AB": "swap"}
-    skip = {"GROUP_M": 1, "SPLIT_K": 1, "USE_DOT": 0, "TMA": 0, "SWAP_AB": 0}
+            "SWAP_AB": "swap", "BALANCE_N": "bal"}
+    skip = {"GROUP_M": 1, "SPLIT_K": 1, "USE_DOT": 0, "TMA": 0, "SWAP_AB": 0, "BALANCE_N": 0}
     return ",".join(f"{keys[k]}{v}" for k, v in config.items() if k in keys and skip.get(k) != v)
 
 
@@ -254,9 +255,29 @@ def gemm_candidates(shape: dict) -> list[dict]:
     return configs
 
 
+def balanced(family, shape: dict, raw: list[dict]) -> list[dict]:
+    """BALANCE_N = 1 twins of the skinny candidates whose tiles leave SMs idle: the same tile,
+    fewer rows a program, whole waves (kernels/skinny.py; the same bytes)."""
+    from kernels.skinny import balanced_rows
+
+    out = []
+    for c in raw:
+        skinny_kernel = (int(c.get("USE_DOT", 0)) == 2 if family is gemv.FAMILY
+                         else int(c.get("SWAP_AB", 0)) == 1)
+        if not skinny_kernel:
+            continue
+        block_n = c["ROWS_PER_BLOCK"] if family is gemv.FAMILY else c["BLOCK_N"]
+        block_m = gemv.DOT_ROWS if family is gemv.FAMILY else c["BLOCK_M"]
+        others = triton.cdiv(shape["m"], block_m) * c.get("SPLIT_K", 1)
+        if balanced_rows(shape["n"], block_n, others, SMS) < block_n:
+            out.append({**c, "BALANCE_N": 1})
+    return out
+
+
 def candidates(family, shape: dict) -> list[dict]:
     space = space_for(family.name, "cuda")
     raw = gemv_candidates(shape) if family is gemv.FAMILY else gemm_candidates(shape)
+    raw = raw + balanced(family, shape, raw)
     default = family.default_config(shape, "cuda", sm_count=SMS)
     out, seen = [default], {json.dumps(default, sort_keys=True)}
     for c in raw:
@@ -512,7 +533,8 @@ RESULTS["bandwidth_end"] = read_bandwidth()
 # ------------------------------------------------------------------------------------ tables
 print("\nRESULTS-JSON " + json.dumps(RESULTS, default=str))
 done = {(c["m"], c["n"], c["k"]): c for c in RESULTS["cases"] if "best_us" in c}
-variants = ["fma", "fma-pref", "fma-pipe", "dot", "skinny", "tiled", "tiled-tma", "skinny-tma"]
+variants = ["fma", "fma-pref", "fma-pipe", "dot", "skinny", "skinny-bal", "tiled", "tiled-tma",
+            "skinny-tma", "skinny-tma-bal"]
 print(f"\n== which variant wins: best sweep us of each variant per case (gemv m<=8, gemm m>=16)  [{elapsed():.0f}s]")
 print(f"{'m':>3} {'n x k':>11} {'torch':>7} " + " ".join(f"{v:>10}" for v in variants))
 for (m, n, k), c in sorted(done.items()):

@@ -2,7 +2,8 @@
 # GPU batch 2/3: the user's day on 8B-shaped models (random weights), then the A/B.
 # For each MODEL:BATCH: trace the baseline decode step (tuner ab --trace-only), harvest the
 # graph capture + replay pair, search (SEARCH_S seconds, --graph-captured), rank, export, and
-# tuner ab with that export. Usage: MODELS="qwen3_8b:1 qwen3_8b:32" bash scripts/gpu/session2.sh
+# tuner ab with that export; with COMPILE_AB=1 also tuner ab --compile (the torch.compile'd step)
+# with the same export. Usage: MODELS="qwen3_8b:1 qwen3_8b:32" bash scripts/gpu/session2.sh
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
@@ -51,9 +52,20 @@ for item in ${MODELS:-qwen3_8b:1}; do
     --export "$D/export/nvidia-h200" --steps 16 --groups 12 --replays 8 -o "$D/ab" \
     > "$D/ab.log" 2>&1; echo "ab rc=$?" | tee -a "$LOG"
   grep -v "^  \.\. " "$D/ab.log" | tail -n 26 | tee -a "$LOG"
+  if [ -n "${COMPILE_AB:-}" ]; then
+    stamp "$model b$batch: tuner ab --compile"
+    timeout ${COMPILE_AB_S:-300} python3 -m tuner.cli ab --hf-config "$cfg" --batch "$batch" --compile \
+      --export "$D/export/nvidia-h200" --steps 16 --groups 12 --replays 8 -o "$D/abc" \
+      > "$D/abc.log" 2>&1; echo "ab --compile rc=$?" | tee -a "$LOG"
+    grep -v "^  \.\. " "$D/abc.log" | tail -n 26 | tee -a "$LOG"
+    rm -rf "$D"/abc/*/traces
+    cp "$D"/abc/*/ab.json "$OUT/abc_$model-b$batch.json" 2>/dev/null
+    cp "$D"/abc/*/ab.md "$OUT/abc_$model-b$batch.md" 2>/dev/null
+  fi
   rm -rf "$D"/trace/*/traces "$D"/ab/*/traces
   cp "$D"/ab/*/ab.json "$OUT/ab_$model-b$batch.json" 2>/dev/null
   cp "$D"/ab/*/ab.md "$OUT/ab_$model-b$batch.md" 2>/dev/null
+  cp "$D"/verdicts/*.md "$OUT/verdicts_$model-b$batch.md" 2>/dev/null
 done
 stamp "pack"
 cp "$LOG" "$W/"

@@ -79,6 +79,9 @@ def _harvest(traces: dict) -> tuple[dict, str]:
             result = harvest.harvest([paths["replay"]], capture=[paths["capture"]], quiet=True)
         except TunerError as exc:
             return {}, f"attribution unavailable ({arm} arm): {exc}"
+        except Exception as exc:  # noqa: BLE001 - the timed verdict must not be lost with it
+            return {}, (f"attribution unavailable ({arm} arm): harvest failed with "
+                        f"{type(exc).__name__}: {exc}")
         tables[arm] = result.table.to_dict("records")
     return tables, ""
 
@@ -158,6 +161,8 @@ def linear_floors(baseline_rows: list[dict], device_name: str) -> tuple[dict, st
         per_call = max(budget.floor_us(nbytes, nflops, row["dtype"], profile), kernel_floor)
         key = f"m={row['m']},n={row['n']},k={row['k']}"
         floors[key] = floors.get(key, 0.0) + per_call * float(row.get("calls_per_step") or 0.0)
+    if not floors:
+        return {}, "no linear floors: the baseline step's attribution has no linear shapes"
     return floors, label
 
 

@@ -12,6 +12,7 @@ __all__ = [
     "Dialect", "KINETO", "KINETO_2021", "DIALECTS", "CATEGORY_KINDS",
     "GEMM_CORE", "GEMM_WRAPPERS", "GEMM_OPS", "LINEAR_OPS", "ATTN_BHLD", "ATTN_BLHD",
     "ATTN_NAME_RE",
+    "INDUCTOR_KERNEL_RE",
     "StepMarker", "STEP_MARKERS", "PHASE_WORDS", "ANNOTATION_PREFIXES",
     "DTYPES", "TRACE_SUFFIXES", "RANK_RE", "GPU_NAME_RE", "LAUNCH_BOUND", "UNATTRIBUTED_WARN",
 ]
@@ -99,6 +100,11 @@ ATTN_BLHD = frozenset({
 ATTN_NAME_RE = re.compile(r"attn|attention|_vllm_fa\d|mha_(?:varlen_)?fwd|paged_run|ragged_run"
                           r"|batch_(?:decode|prefill)_with|sgl_kernel::fwd|fwd_kvcache",
                           re.IGNORECASE)
+# The kernels torch.compile (Inductor) generates are recorded as CPU ops named after the kernel,
+# and the name lists the ops it fused: "triton_poi_fused__scaled_dot_product_cudnn_attention_
+# _to_copy_..._rsqrt..." is a fused elementwise kernel (rotary, norm, casts) next to an attention
+# call, not one. They are never a GEMM or attention call (their time counts as other kernels).
+INDUCTOR_KERNEL_RE = re.compile(r"^triton_(?:poi|per|red|tem|for|spl|unk)_|^cpp_fused_")
 
 
 # ------------------------------------------------------------------------------------ step markers

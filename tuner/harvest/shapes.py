@@ -15,7 +15,7 @@ def is_attention(name: str) -> bool:
     if name in config.ATTN_BHLD or name in config.ATTN_BLHD:
         return True
     lower = name.lower()
-    if "backward" in lower or "bwd" in lower:
+    if "backward" in lower or "bwd" in lower or config.INDUCTOR_KERNEL_RE.match(name):
         return False
     if name.startswith("aten::"):
         return "attention" in name
