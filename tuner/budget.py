@@ -34,7 +34,7 @@ from .tables import check_output_file, read_parquet, write_parquet
 from .units import DEFAULT_THRESHOLD, Threshold, is_number, pct as _pct
 
 __all__ = ["BIAS_OPS", "COMPUTE_FLOOR_DTYPES", "LAUNCH_BOUND_GPU_BUSY", "PHASE_ORDER", "amdahl",
-           "bytes_and_flops", "check_profile", "compute", "default_output", "describe_shape",
+           "bytes_and_flops", "call_floor_us", "check_profile", "compute", "default_output", "describe_shape",
            "floor_us", "format_table", "kernel_families", "kernel_shape", "measure_baselines",
            "phase_notes", "read", "run_command", "saving_per_call_needed", "saving_per_token",
            "surviving", "write"]
@@ -119,6 +119,18 @@ def floor_us(nbytes: float, nflops: float, dtype: str, profile: DeviceProfile) -
     return memory_us
 
 
+def call_floor_us(row, profile: DeviceProfile, min_kernel_us: float = 0.0
+                  ) -> tuple[float, float, float, str]:
+    """(bytes, flops, floor µs, why-not) of one ShapeTable row: `floor_us` of its bytes and
+    flops, at least `min_kernel_us` (the kernel floor); the floor is `min_kernel_us` (or NaN)
+    when the row has no byte/flop model, with the reason."""
+    nbytes, nflops, no_model = bytes_and_flops(row)
+    floor = floor_us(nbytes, nflops, row["dtype"], profile) if not no_model else math.nan
+    if min_kernel_us > 0:
+        floor = max(floor, min_kernel_us) if math.isfinite(floor) else min_kernel_us
+    return nbytes, nflops, floor, no_model
+
+
 def check_profile(profile: DeviceProfile) -> None:
     for field, value in (("read bandwidth", profile.read_bandwidth_bytes_per_s),
                          ("bf16 matmul rate", profile.bf16_matmul_flops_per_s)):
@@ -166,10 +178,7 @@ def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold
 
     rows = []
     for index, row in table.iterrows():
-        nbytes, nflops, no_model = bytes_and_flops(row)
-        floor = floor_us(nbytes, nflops, row["dtype"], profile) if not no_model else math.nan
-        if min_kernel_us > 0:
-            floor = max(floor, min_kernel_us) if math.isfinite(floor) else min_kernel_us
+        nbytes, nflops, floor, no_model = call_floor_us(row, profile, min_kernel_us)
 
         baseline, baseline_source = float(row["us_per_call"]), "trace"
         if baseline_us is not None and index in baseline_us.index and pd.notna(baseline_us[index]):

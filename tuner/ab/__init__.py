@@ -155,10 +155,9 @@ def linear_floors(baseline_rows: list[dict], device_name: str) -> tuple[dict, st
     for row in baseline_rows:
         if row.get("family") != "gemm" or row.get("phase") not in (None, "decode", "other"):
             continue
-        nbytes, nflops, why = budget.bytes_and_flops(row)
+        _bytes, _flops, per_call, why = budget.call_floor_us(row, profile, kernel_floor)
         if why:
             continue
-        per_call = max(budget.floor_us(nbytes, nflops, row["dtype"], profile), kernel_floor)
         key = f"m={row['m']},n={row['n']},k={row['k']}"
         floors[key] = floors.get(key, 0.0) + per_call * float(row.get("calls_per_step") or 0.0)
     if not floors:
