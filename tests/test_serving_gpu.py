@@ -24,17 +24,30 @@ ROOT = Path(__file__).resolve().parent.parent
 LINEARS = [(4096, 4096), (4096, 12288), (12288, 4096), (4096, 1024)]  # chained: out -> next in
 GEMM_CONFIGS = [
     {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 2, "TMA": 1,
-     "SWAP_AB": 0, "num_warps": 4, "num_stages": 4, "BALANCE_N": 0},
+     "SWAP_AB": 0, "num_warps": 4, "num_stages": 4, "BALANCE_N": 0, "FUSE_REDUCE": 0},
     {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 1, "TMA": 0,
-     "SWAP_AB": 0, "num_warps": 4, "num_stages": 4, "BALANCE_N": 0},
+     "SWAP_AB": 0, "num_warps": 4, "num_stages": 4, "BALANCE_N": 0, "FUSE_REDUCE": 0},
     {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "SPLIT_K": 8, "TMA": 0,
-     "SWAP_AB": 0, "num_warps": 4, "num_stages": 3, "BALANCE_N": 0},
+     "SWAP_AB": 0, "num_warps": 4, "num_stages": 3, "BALANCE_N": 0, "FUSE_REDUCE": 0},
     {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "SPLIT_K": 1, "TMA": 1,
-     "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "BALANCE_N": 1},  # skinny, balanced rows
+     "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "BALANCE_N": 1, "FUSE_REDUCE": 0},  # skinny, balanced rows
 ]
 # the gemv skinny kernel with balanced rows (m = 2..8)
 GEMV_BALANCED = {"ROWS_PER_BLOCK": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4,
-                 "num_stages": 4, "USE_DOT": 2, "BALANCE_N": 1}
+                 "num_stages": 4, "USE_DOT": 2, "BALANCE_N": 1, "FUSE_REDUCE": 0}
+# the fused split-K reduce (the tile counters persist across replays; TMA and pointer loads)
+GEMM_FUSED = [
+    {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 1, "SPLIT_K": 2, "TMA": 1,
+     "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "BALANCE_N": 0, "FUSE_REDUCE": 1},
+    {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 4, "TMA": 0,
+     "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "BALANCE_N": 0, "FUSE_REDUCE": 1},
+    {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 4, "TMA": 1,
+     "SWAP_AB": 1, "num_warps": 4, "num_stages": 6, "BALANCE_N": 1, "FUSE_REDUCE": 1},
+    {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 8, "TMA": 1,
+     "SWAP_AB": 1, "num_warps": 4, "num_stages": 6, "BALANCE_N": 0, "FUSE_REDUCE": 1},
+]
+GEMV_FUSED = {"ROWS_PER_BLOCK": 64, "BLOCK_K": 256, "SPLIT_K": 2, "num_warps": 4,
+              "num_stages": 4, "USE_DOT": 2, "BALANCE_N": 0, "FUSE_REDUCE": 1}
 
 CHILD = r'''
 import json, sys, torch
@@ -55,10 +68,12 @@ for (i, o), config in zip(req["linears"], req["configs"]):
     entries.append([req["family"], shape] + ([config] if config else []))
 write_export(req["root"], entries, identity=ident)
 x = torch.randn(req["m"], req["linears"][0][0], device="cuda", dtype=torch.bfloat16)
+x_new = torch.randn_like(x)
 with torch.no_grad():
     eager = model(x)
     with serving.installed(model, export_dir=req["root"] + "/" + ident["key"]) as handle:
         tuned_eager = model(x)
+        tuned_new = model(x_new)
         handle.warmup(lambda: model(x))
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -67,9 +82,14 @@ with torch.no_grad():
     for _ in range(req["replays"]):
         graph.replay()
     torch.cuda.synchronize()
-err = float((out.float() - eager.float()).norm() / eager.float().norm())
-print(json.dumps({"hits": hits, "rel_err": err,
-                  "bitwise_graph_vs_eager": bool(torch.equal(out, tuned_eager))}))
+    same = bool(torch.equal(out, tuned_eager))
+    x.copy_(x_new)  # a replay on new data must compute it (not leave the last output standing)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+err = float((out.float() - model(x_new).float()).norm() / model(x_new).float().norm())
+print(json.dumps({"hits": hits, "rel_err": err, "bitwise_graph_vs_eager": same,
+                  "bitwise_new_input": bool(torch.equal(out, tuned_new))}))
 '''
 
 
@@ -97,7 +117,18 @@ def test_the_batch_32_gemm_set_captures_and_replays(tmp_path):
     # every exported entry served its linear (eagerly, in the warm-up and in the capture)
     assert len(result["hits"]["gemm"]) == len(GEMM_CONFIGS), result
     assert result["bitwise_graph_vs_eager"], result  # the replay computes what eager did
+    assert result["bitwise_new_input"] and result["rel_err"] < 2e-2, result
+
+
+def test_the_fused_split_k_reduce_captures_and_replays(tmp_path):
+    _gpu_or_skip()
+    result = run_case(tmp_path, "gemm", 32, GEMM_FUSED)
+    assert len(result["hits"]["gemm"]) == len(GEMM_FUSED), result
+    assert result["bitwise_graph_vs_eager"] and result["bitwise_new_input"], result
     assert result["rel_err"] < 2e-2, result
+    gemv_result = run_case(tmp_path / "gemv", "gemv", 4, [GEMV_FUSED] * len(LINEARS))
+    assert len(gemv_result["hits"]["gemv"]) == len(LINEARS), gemv_result
+    assert gemv_result["bitwise_graph_vs_eager"] and gemv_result["bitwise_new_input"], gemv_result
 
 
 @pytest.mark.parametrize("m", [1, 4, 8])
@@ -105,14 +136,16 @@ def test_gemv_captures_and_replays(tmp_path, m):
     _gpu_or_skip()
     result = run_case(tmp_path, "gemv", m, [None] * len(LINEARS))
     assert len(result["hits"]["gemv"]) == len(LINEARS), result
-    assert result["bitwise_graph_vs_eager"] and result["rel_err"] < 2e-2, result
+    assert result["bitwise_graph_vs_eager"] and result["bitwise_new_input"], result
+    assert result["rel_err"] < 2e-2, result
 
 
 def test_gemv_balanced_skinny_captures_and_replays(tmp_path):
     _gpu_or_skip()
     result = run_case(tmp_path, "gemv", 4, [GEMV_BALANCED] * len(LINEARS))
     assert len(result["hits"]["gemv"]) == len(LINEARS), result
-    assert result["bitwise_graph_vs_eager"] and result["rel_err"] < 2e-2, result
+    assert result["bitwise_graph_vs_eager"] and result["bitwise_new_input"], result
+    assert result["rel_err"] < 2e-2, result
 
 
 ATTENTION_CHILD = r'''
