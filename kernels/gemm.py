@@ -351,8 +351,14 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
         config = {"BLOCK_M": block_m, "BLOCK_N": 128 if wide else 64, "BLOCK_K": block_k,
                   "GROUP_M": 1, "SPLIT_K": 4 if n <= 1024 else 1, "SWAP_AB": 1, "TMA": 1,
                   "num_warps": 4, "num_stages": 4 if wide or block_k == 256 else 6, "PDL": 0}
+        # The evening sweep (fused split-K reduce, programmatic dependent launch; BENCHMARKS.md,
+        # 2026-12-01 evening): the k/v (n <= 1024) and down (k >= 2n) projections' winners split
+        # K with the fused reduce and launch with PDL (1.02-1.05x the configs above).
+        if n <= 1024 or (k >= 2 * n and not wide):
+            config.update(SPLIT_K=4 if n <= 1024 else 2, BLOCK_K=128, num_stages=6, PDL=1)
+            config["FUSE_REDUCE"] = 1
     config["BALANCE_N"] = 0  # the measured winners above; balanced rows are a search knob
-    config["FUSE_REDUCE"] = 0  # the reduce kernel; the fused one is a search knob
+    config.setdefault("FUSE_REDUCE", 0)  # the reduce kernel, but where the sweep's winners fuse
     return config
 
 

@@ -439,17 +439,21 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
             # sweep's m = 4 and 8 winner on most 8B shapes (1.02-1.18x torch, BENCHMARKS.md).
             config = {"ROWS_PER_BLOCK": 64, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4,
                       "USE_DOT": 2, "num_stages": 4}
+            if k >= 2 * n:
+                # down projections: split K in two with the fused reduce, PDL (the evening sweep's
+                # m = 4 / 8 winner on 4096x12288 and 4096x14336: 1.02-1.03x the config above)
+                config.update(BLOCK_K=128, SPLIT_K=2, num_stages=6, FUSE_REDUCE=1, PDL=1)
         else:
             # Several x rows on a wide n: the tl.dot variant with pipelined W loads (the FMA
             # variant re-reads x for every W element, m times per step).
             config = {"ROWS_PER_BLOCK": 32, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4,
                       "USE_DOT": 1, "num_stages": 2 if backend in ("hip", "dcu") else 4}
     config["BALANCE_N"] = 0  # the measured winners above; balanced rows are a search knob
-    config["FUSE_REDUCE"] = 0  # the reduce kernel; the fused one is a search knob
+    config.setdefault("FUSE_REDUCE", 0)  # the reduce kernel, but where the sweep's winner fuses
     if backend in ("hip", "dcu"):
         config["waves_per_eu"] = 0
     else:
-        config["PDL"] = 0  # a search knob (programmatic dependent launch, kernels/skinny.py)
+        config.setdefault("PDL", 0)  # programmatic dependent launch (kernels/skinny.py)
     return config
 
 

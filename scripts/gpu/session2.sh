@@ -3,7 +3,8 @@
 # For each MODEL:BATCH: trace the baseline decode step (tuner ab --trace-only), harvest the
 # graph capture + replay pair, search (SEARCH_S seconds, --graph-captured), rank, export, and
 # tuner ab with that export; with COMPILE_AB=1 also tuner ab --compile (the torch.compile'd step)
-# with the same export. Usage: MODELS="qwen3_8b:1 qwen3_8b:32" bash scripts/gpu/session2.sh
+# with the same export (EAGER_AB=0: the compiled A/B only). Usage:
+#   MODELS="qwen3_8b:1 qwen3_8b:32" bash scripts/gpu/session2.sh
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
@@ -47,11 +48,13 @@ for item in ${MODELS:-qwen3_8b:1}; do
     -o "$D/verdicts" > "$D/rank.log" 2>&1; echo "rank rc=$?" | tee -a "$LOG"
   grep -v "re-measuring" "$D/rank.log" | tail -n 20 | tee -a "$LOG"
   timeout 60 python3 -m tuner.cli export "$D"/verdicts/*.parquet -o "$D/export" 2>&1 | tail -n 4 | tee -a "$LOG"
-  stamp "$model b$batch: tuner ab"
-  timeout 240 python3 -m tuner.cli ab --hf-config "$cfg" --batch "$batch" \
-    --export "$D/export/nvidia-h200" --steps 16 --groups 12 --replays 8 -o "$D/ab" \
-    > "$D/ab.log" 2>&1; echo "ab rc=$?" | tee -a "$LOG"
-  grep -v "^  \.\. " "$D/ab.log" | tail -n 26 | tee -a "$LOG"
+  if [ "${EAGER_AB:-1}" = 1 ]; then
+    stamp "$model b$batch: tuner ab"
+    timeout 240 python3 -m tuner.cli ab --hf-config "$cfg" --batch "$batch" \
+      --export "$D/export/nvidia-h200" --steps 16 --groups 12 --replays 8 -o "$D/ab" \
+      > "$D/ab.log" 2>&1; echo "ab rc=$?" | tee -a "$LOG"
+    grep -v "^  \.\. " "$D/ab.log" | tail -n 26 | tee -a "$LOG"
+  fi
   if [ -n "${COMPILE_AB:-}" ]; then
     stamp "$model b$batch: tuner ab --compile"
     timeout ${COMPILE_AB_S:-300} python3 -m tuner.cli ab --hf-config "$cfg" --batch "$batch" --compile \
@@ -66,6 +69,7 @@ for item in ${MODELS:-qwen3_8b:1}; do
   cp "$D"/ab/*/ab.json "$OUT/ab_$model-b$batch.json" 2>/dev/null
   cp "$D"/ab/*/ab.md "$OUT/ab_$model-b$batch.md" 2>/dev/null
   cp "$D"/verdicts/*.md "$OUT/verdicts_$model-b$batch.md" 2>/dev/null
+  mkdir -p "$OUT/export_$model-b$batch" && cp -r "$D"/export/nvidia-h200/. "$OUT/export_$model-b$batch/" 2>/dev/null
 done
 stamp "pack"
 cp "$LOG" "$W/"
