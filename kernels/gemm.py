@@ -18,8 +18,7 @@ on cuda also TMA (read A and B through tensor descriptors, `gemm_tma_kernel`); S
 the swap-AB skinny kernel of kernels/skinny.py instead (decode batch sizes: the weight rows on the
 MMA's M side; TMA = 1 takes its descriptor form; BALANCE_N = 1 its balanced rows; FUSE_REDUCE = 1
 with SPLIT_K > 1 sums its split-K partials in each tile's last program: no reduce kernel, the same
-bytes; PDL = 1 launches it as a programmatic dependent launch that prefetches its first weight tiles
-into L2 while the kernel before it finishes, cuda sm90 only). Ragged m / n / k are handled with masks (or by the descriptors' zero fill).
+bytes). Ragged m / n / k are handled with masks (or by the descriptors' zero fill).
 
 Also here: `launch_plan` (the kernel calls of a config, also on meta tensors, which is how
 kernels.common compiles a config for a GPU target on a CPU host). Serving code reaches the
@@ -263,8 +262,7 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
             b.t(), a, target, None, block_n=block_n, block_m=block_m, block_k=block_k,
             split_k=split_k, use_tma=use_tma, options=opts, stride_cs=stride_cs, stride_cm=n,
             balance=int(config.get("BALANCE_N", 0)) == 1, out=out,
-            fuse_reduce=int(config.get("FUSE_REDUCE", 0)) == 1,
-            pdl=int(config.get("PDL", 0)) == 1)
+            fuse_reduce=int(config.get("FUSE_REDUCE", 0)) == 1)
         calls = [KernelCall(kernel, sk_grid, args, sk_meta, sk_opts)]
         if fused:
             return out, calls
@@ -340,7 +338,6 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
         config.update({"waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1})
     else:
         config["TMA"] = 0  # the pointer kernel: runs on every layout and alignment
-        config["PDL"] = 0  # a search knob of the skinny kernel (programmatic dependent launch)
     if (not hip and 9 <= m <= 64 and _batch(shape) == 1 and shape.get("layout", "NT") == "NT"
             and n >= 1024 and k >= 1024 and k % 8 == 0):
         # Decode batches: the swap-AB skinny kernel (W rows on wgmma's wide side, TMA stages).
@@ -350,15 +347,9 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
         block_k = 256 if not wide and n > 1024 and block_m <= 32 else 128
         config = {"BLOCK_M": block_m, "BLOCK_N": 128 if wide else 64, "BLOCK_K": block_k,
                   "GROUP_M": 1, "SPLIT_K": 4 if n <= 1024 else 1, "SWAP_AB": 1, "TMA": 1,
-                  "num_warps": 4, "num_stages": 4 if wide or block_k == 256 else 6, "PDL": 0}
-        # The evening sweep (fused split-K reduce, programmatic dependent launch; BENCHMARKS.md,
-        # 2026-12-01 evening): the k/v (n <= 1024) and down (k >= 2n) projections' winners split
-        # K with the fused reduce and launch with PDL (1.02-1.05x the configs above).
-        if n <= 1024 or (k >= 2 * n and not wide):
-            config.update(SPLIT_K=4 if n <= 1024 else 2, BLOCK_K=128, num_stages=6, PDL=1)
-            config["FUSE_REDUCE"] = 1
+                  "num_warps": 4, "num_stages": 4 if wide or block_k == 256 else 6}
     config["BALANCE_N"] = 0  # the measured winners above; balanced rows are a search knob
-    config.setdefault("FUSE_REDUCE", 0)  # the reduce kernel, but where the sweep's winners fuse
+    config["FUSE_REDUCE"] = 0  # the reduce kernel; the fused one is a search knob
     return config
 
 

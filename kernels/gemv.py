@@ -46,11 +46,9 @@ __all__ = ["DOT_ROWS", "FAMILY", "HIP_OPTIONS", "KERNEL_PARAMS", "LAUNCH_OPTIONS
 
 MAX_M = 8
 KERNEL_PARAMS = ("ROWS_PER_BLOCK", "BLOCK_K", "SPLIT_K")
-OPTIONAL_PARAMS = ("USE_DOT", "BALANCE_N", "FUSE_REDUCE", "PDL")  # USE_DOT 0 (default): FMA + row
-# sums; 1: tl.dot variant; 2: skinny. BALANCE_N 1: the skinny kernel's balanced rows; FUSE_REDUCE
-# 1: its split-K partials summed by the tile's last program, no reduce kernel; PDL 1 (cuda, FMA
-# and skinny kernels): programmatic dependent launch with the W slice's L2 prefetch
-# (kernels/skinny.py)
+OPTIONAL_PARAMS = ("USE_DOT", "BALANCE_N", "FUSE_REDUCE")  # USE_DOT 0 (default): FMA + row sums;
+# 1: tl.dot variant; 2: skinny. BALANCE_N 1: the skinny kernel's balanced rows; FUSE_REDUCE 1: its
+# split-K partials summed by the tile's last program, no reduce kernel (kernels/skinny.py)
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 HIP_OPTIONS = ("waves_per_eu",)
 REDUCE_BLOCK_N = 1024
@@ -65,8 +63,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, N, K, k_per_split,
                  M: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                  STATIC_KPS: tl.constexpr = 0, PIPE_STAGES: tl.constexpr = 1,
-                 W_PREFETCH: tl.constexpr = 0, X_CACHE: tl.constexpr = "",
-                 PDL: tl.constexpr = 0, PREFETCH_K: tl.constexpr = 0):
+                 W_PREFETCH: tl.constexpr = 0, X_CACHE: tl.constexpr = ""):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * ROWS_PER_BLOCK + tl.arange(0, ROWS_PER_BLOCK)
@@ -76,8 +73,6 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, N, K, k_per_split,
     k_start = pid_k * k_per_split
     w_rows = w_ptr + rows_safe.to(tl.int64)[:, None] * stride_wn
     zero_rows = tl.zeros([ROWS_PER_BLOCK], dtype=tl.int32)
-    if PDL:  # programmatic dependent launch: this program's W slice into L2, then wait for x
-        skinny._prefetch_then_wait(w_ptr, rows_safe, stride_wn, k_start, K, PREFETCH_K)
 
     acc0 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
     acc1 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
@@ -275,8 +270,6 @@ def check_config(config: dict) -> None:
                                                          and use_dot != 2):
         raise ValueError("gemv BALANCE_N is 0, or 1 with USE_DOT=2 (the skinny kernel's "
                          "balanced rows)")
-    if int(config.get("PDL", 0)) not in (0, 1) or (int(config.get("PDL", 0)) and use_dot == 1):
-        raise ValueError("gemv PDL is 0, or 1 with USE_DOT=0 or 2 (programmatic dependent launch)")
     if int(config.get("FUSE_REDUCE", 0)) not in (0, 1) or (int(config.get("FUSE_REDUCE", 0))
                                                            and use_dot != 2):
         raise ValueError("gemv FUSE_REDUCE is 0, or 1 with USE_DOT=2 (the skinny kernel's "
@@ -328,8 +321,7 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
             split_k=split_k, use_tma=backend in ("cuda", "cpu"), stride_cs=stride_cs,
             stride_cm=stride_cm, options=launch_options(config, backend),
             balance=int(config.get("BALANCE_N", 0)) == 1, out=out,
-            fuse_reduce=int(config.get("FUSE_REDUCE", 0)) == 1,
-            pdl=int(config.get("PDL", 0)) == 1)
+            fuse_reduce=int(config.get("FUSE_REDUCE", 0)) == 1)
         calls = [KernelCall(kernel, grid, args, meta, options)]
         if split_k > 1 and not fused:
             calls.append(_reduce_call(part, out, bias, m, n, split_k))
@@ -339,17 +331,13 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     meta = dict(M=m, ROWS_PER_BLOCK=rows, BLOCK_K=block_k, SPLIT_K=split_k,
                 EVEN_K=kps * split_k == k,  # every slice is whole BLOCK_Ks inside k: no k mask
                 HAS_BIAS=has_bias, STATIC_KPS=kps if interpreting() else 0)
-    options = launch_options(config, backend, num_stages=1)
     if kernel is _gemv_kernel:  # num_stages: 1 plain, 2 register double buffer, 3+ cp.async
         stages = int(config.get("num_stages", 1))
         meta.update(PIPE_STAGES=stages if stages > 2 else 1, W_PREFETCH=int(stages == 2),
                     X_CACHE=".ca" if stages > 2 else "")
-        # PDL 1: launched early, the program's whole W slice prefetched into L2 (kernels/skinny.py)
-        meta.update(skinny.pdl_meta(weight, int(config.get("PDL", 0)) == 1, kps))
-        if meta["PDL"]:
-            options["launch_pdl"] = True
     args = (x, weight, out, part, bias_arg, n, k, kps, x.stride(0), weight.stride(0), out.stride(0))
-    calls = [KernelCall(kernel, (cdiv(n, rows), split_k), args, meta, options)]
+    calls = [KernelCall(kernel, (cdiv(n, rows), split_k), args, meta,
+                        launch_options(config, backend, num_stages=1))]
     if split_k > 1:
         calls.append(_reduce_call(part, out, bias, m, n, split_k))
     return out, calls
@@ -439,21 +427,15 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
             # sweep's m = 4 and 8 winner on most 8B shapes (1.02-1.18x torch, BENCHMARKS.md).
             config = {"ROWS_PER_BLOCK": 64, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4,
                       "USE_DOT": 2, "num_stages": 4}
-            if k >= 2 * n:
-                # down projections: split K in two with the fused reduce, PDL (the evening sweep's
-                # m = 4 / 8 winner on 4096x12288 and 4096x14336: 1.02-1.03x the config above)
-                config.update(BLOCK_K=128, SPLIT_K=2, num_stages=6, FUSE_REDUCE=1, PDL=1)
         else:
             # Several x rows on a wide n: the tl.dot variant with pipelined W loads (the FMA
             # variant re-reads x for every W element, m times per step).
             config = {"ROWS_PER_BLOCK": 32, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4,
                       "USE_DOT": 1, "num_stages": 2 if backend in ("hip", "dcu") else 4}
     config["BALANCE_N"] = 0  # the measured winners above; balanced rows are a search knob
-    config.setdefault("FUSE_REDUCE", 0)  # the reduce kernel, but where the sweep's winner fuses
+    config["FUSE_REDUCE"] = 0  # the reduce kernel; the fused one is a search knob
     if backend in ("hip", "dcu"):
         config["waves_per_eu"] = 0
-    else:
-        config.setdefault("PDL", 0)  # programmatic dependent launch (kernels/skinny.py)
     return config
 
 

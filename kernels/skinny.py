@@ -33,21 +33,12 @@ them in the same fixed order s = 0, 1, ... (plus the bias) as the reduce kernel,
 the reduce kernel's whichever program arrives last, then sets the tile's counter back to zero.
 The counters are one persistent int32 buffer per device (`tile_counters`, allocated on the first
 launch outside a capture and zero between launches), so a CUDA graph replays the launch as
-captured. What this saves: the reduce kernel's launch and its pass over the partials; measured
-on the H200 (BENCHMARKS.md, 2026-12-01 evening) 0.2-0.6 µs a call where a split pays (the 1024-
-and 2048-row projections), nothing on the 4096-row ones, where more programs do not read faster.
-Launches on two streams at once must not share a device's counters: each stream's decode step
-runs its kernels one after another.
-
-Programmatic dependent launch (PDL = 1, cuda sm90 only; `pdl_meta`): the kernel is launched with
-Triton's `launch_pdl`, so its programs may start while the kernel before it in the stream is
-still finishing. Before `griddepcontrol.wait` (after which that kernel's writes are visible) a
-program only asks for the first pipeline stages of its own weight rows into L2 (one
-cp.async.bulk.prefetch a row); it reads the activation and writes anything only after the wait,
-and then lets the next kernel launch early. What it hides is the start of every kernel: the launch
-gap and the first HBM round trip of the weight stream, a fixed 1-3 µs that is most of the margin
-of a 4096-row projection over bytes / bandwidth. It assumes what serving guarantees: no kernel
-just before it writes the weight.
+captured. Launches on two streams at once must not share a device's counters: each stream's
+decode step runs its kernels one after another. Measured on the H200 (BENCHMARKS.md, 2026-12-01
+evening): alone, 0.2-0.6 µs a call faster where a split pays (the 1024- and 2048-row
+projections), nothing on the 4096-row ones (more programs do not read them faster); in the
+compiled batch-32 decode step no faster than the reduce kernel (0.1-0.45 µs a call slower on the
+down and k/v projections). A search knob, like balanced rows; no default uses it.
 
 Grid: (cdiv(m, BLOCK_M), cdiv(n, ROWS), SPLIT_K), the activation tiles fastest: where m needs
 several tiles (m > BLOCK_M) the programs that share a weight tile run together, so the weight
@@ -65,8 +56,8 @@ import triton.language as tl
 
 from kernels.common import sm_count
 
-__all__ = ["COUNTER_CAPACITY", "balanced_rows", "descriptor_ok", "pdl_meta", "plan",
-           "skinny_kernel", "skinny_tma_kernel", "tile_counters"]
+__all__ = ["COUNTER_CAPACITY", "balanced_rows", "descriptor_ok", "plan", "skinny_kernel",
+           "skinny_tma_kernel", "tile_counters"]
 
 
 @triton.jit
@@ -74,8 +65,7 @@ def skinny_kernel(w_ptr, a_ptr, c_ptr, bias_ptr, out_ptr, count_ptr, M, N, K, RO
                   stride_wn, stride_wk, stride_am, stride_ak, stride_cs, stride_cm, stride_om,
                   BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                   SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  FUSE_REDUCE: tl.constexpr = 0, REDUCE_BIAS: tl.constexpr = 0,
-                  PDL: tl.constexpr = 0, PREFETCH_K: tl.constexpr = 0):
+                  FUSE_REDUCE: tl.constexpr = 0, REDUCE_BIAS: tl.constexpr = 0):
     """Pointer loads (cp.async stages on sm90, LDS stages on gfx9): any strides."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -91,8 +81,6 @@ def skinny_kernel(w_ptr, a_ptr, c_ptr, bias_ptr, out_ptr, count_ptr, M, N, K, RO
     rows_a = tl.minimum(offs_m, M - 1)
     offs_k = tl.arange(0, BLOCK_K)
     k0 = tile_start * BLOCK_K
-    if PDL:
-        _prefetch_then_wait(w_ptr, rows_w, stride_wn, k0, K, PREFETCH_K)
     w_ptrs = (w_ptr + rows_w.to(tl.int64)[:, None] * stride_wn
               + (k0 + offs_k)[None, :].to(tl.int64) * stride_wk)
     a_ptrs = (a_ptr + rows_a.to(tl.int64)[:, None] * stride_am
@@ -120,15 +108,13 @@ def skinny_kernel(w_ptr, a_ptr, c_ptr, bias_ptr, out_ptr, count_ptr, M, N, K, RO
 
 
 @triton.jit
-def skinny_tma_kernel(w_desc, a_desc, c_ptr, bias_ptr, out_ptr, count_ptr, w_ptr, M, N, K, ROWS,
-                      stride_cs, stride_cm, stride_om, stride_wn,
+def skinny_tma_kernel(w_desc, a_desc, c_ptr, bias_ptr, out_ptr, count_ptr, M, N, K, ROWS,
+                      stride_cs, stride_cm, stride_om,
                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                       SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, FUSE_REDUCE: tl.constexpr = 0,
-                      REDUCE_BIAS: tl.constexpr = 0, PDL: tl.constexpr = 0,
-                      PREFETCH_K: tl.constexpr = 0):
+                      REDUCE_BIAS: tl.constexpr = 0):
     """Tensor-descriptor loads (TMA on sm90): w_desc the row-major weight [n, k], block
-    [BLOCK_N, BLOCK_K]; a_desc the row-major A [m, k], block [BLOCK_M, BLOCK_K]; w_ptr the same
-    weight as a pointer (PDL's L2 prefetch only)."""
+    [BLOCK_N, BLOCK_K]; a_desc the row-major A [m, k], block [BLOCK_M, BLOCK_K]."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -139,9 +125,6 @@ def skinny_tma_kernel(w_desc, a_desc, c_ptr, bias_ptr, out_ptr, count_ptr, w_ptr
     off_n = pid_n * ROWS
     row_end = tl.minimum(off_n + ROWS, N)  # this program's rows: [off_n, row_end)
     off_m = pid_m * BLOCK_M
-    if PDL:
-        rows = tl.minimum(off_n + tl.arange(0, BLOCK_N), row_end - 1)
-        _prefetch_then_wait(w_ptr, rows, stride_wn, tile_start * BLOCK_K, K, PREFETCH_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for t in range(tile_start, tile_end):
         w = w_desc.load([off_n, t * BLOCK_K])
@@ -157,27 +140,6 @@ def skinny_tma_kernel(w_desc, a_desc, c_ptr, bias_ptr, out_ptr, count_ptr, w_ptr
     if FUSE_REDUCE:
         _last_program_sums(c_ptr, bias_ptr, out_ptr, count_ptr, pid_m, pid_n, offs_m, offs_n,
                            keep, N, stride_cs, stride_cm, stride_om, SPLIT_K, REDUCE_BIAS)
-
-
-@triton.jit
-def _prefetch_then_wait(w_ptr, rows, stride_wn, k0, K, PREFETCH_K: tl.constexpr):
-    """PDL = 1 (programmatic dependent launch, sm90): this kernel may start while the kernel
-    before it in the stream still runs. Before waiting for that kernel (griddepcontrol.wait: its
-    writes are visible after it), ask for the first PREFETCH_K weight elements of each of this
-    program's rows from [k0, ...) into L2 (cp.async.bulk.prefetch, one per row; PREFETCH_K = 0:
-    none), since no kernel before this one writes the weight; then let the next kernel in the
-    stream launch early (it waits for this one the same way). Nothing is read or written that
-    the previous kernel may write before the wait."""
-    if PREFETCH_K > 0:
-        nbytes = (tl.minimum(K - k0, PREFETCH_K) * 2) // 16 * 16  # 2-byte elements, 16 B units
-        if nbytes >= 16:
-            starts = w_ptr + rows.to(tl.int64) * stride_wn + k0
-            tl.inline_asm_elementwise(
-                "cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
-                [starts, nbytes + tl.zeros(rows.shape, dtype=tl.int32)], dtype=tl.int32,
-                is_pure=False, pack=1)
-    tl.extra.cuda.gdc_wait()
-    tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -253,34 +215,16 @@ def tile_counters(device, tiles: int):
     return counters
 
 
-def pdl_meta(weight, pdl: bool, prefetch_k: int) -> dict:
-    """PDL / PREFETCH_K constexprs of a launch: PDL only on a CUDA (or meta) tensor of sm90+
-    outside the interpreter; the prefetch only where the weight rows are 16-byte aligned, 2-byte
-    elements with a unit stride along k (`prefetch_k` elements of each row: the first pipeline
-    stages the program reads)."""
-    import torch
-
-    from kernels.common import interpreting
-
-    on = bool(pdl) and not interpreting() and weight.device.type in ("cuda", "meta")
-    if on and weight.device.type == "cuda":
-        on = not torch.version.hip and torch.cuda.get_device_capability(weight.device)[0] >= 9
-    aligned = (weight.element_size() == 2 and weight.stride(1) == 1
-               and (weight.stride(0) * 2) % 16 == 0 and weight.data_ptr() % 16 == 0)
-    return {"PDL": int(on), "PREFETCH_K": int(prefetch_k) if on and aligned else 0}
-
-
 def plan(weight, a, target, bias, *, block_n: int, block_m: int, block_k: int, split_k: int,
          use_tma: bool, options: dict, stride_cs: int, stride_cm: int, balance: bool = False,
-         out=None, fuse_reduce: bool = False, pdl: bool = False):
+         out=None, fuse_reduce: bool = False):
     """(kernel, grid, args, constexprs, options, fused) of one skinny launch: `weight` the
     [n, k] view (any strides), `a` the [m, k] view, `target` the output (or fp32 workspace,
     stride_cs apart per split), `bias` [n] or None; `balance`: balanced rows (module docstring)
     on the multiprocessors of `weight`'s device. `fuse_reduce` with split_k > 1 and `out` (the
     [m, n] output, unit stride along n): the last program of each tile sums the partials into
     `out` (+ bias); `fused` says whether it does (False: the caller launches its reduce kernel,
-    which adds the bias). `pdl`: programmatic dependent launch with the weight's L2 prefetch
-    (`pdl_meta`; sm90 only, never under the interpreter)."""
+    which adds the bias)."""
     n, k = weight.shape
     m = a.shape[0]
     rows = block_n
@@ -297,11 +241,6 @@ def plan(weight, a, target, bias, *, block_n: int, block_m: int, block_k: int, s
     meta = dict(BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=split_k,
                 HAS_BIAS=has_bias, FUSE_REDUCE=int(fused),
                 REDUCE_BIAS=int(fused and bias is not None))
-    stages = int(options.get("num_stages", 2))
-    meta.update(pdl_meta(weight, pdl, min(triton.cdiv(triton.cdiv(k, block_k), split_k),
-                                          stages) * block_k))
-    if meta["PDL"]:
-        options = {**options, "launch_pdl": True}
     out_arg = out if fused else target
     counts_arg = counters if fused else target  # never touched unless fused
     stride_om = out.stride(0) if fused else 0
@@ -310,8 +249,8 @@ def plan(weight, a, target, bias, *, block_n: int, block_m: int, block_k: int, s
 
         w_desc = TensorDescriptor(weight, [n, k], [weight.stride(0), 1], [block_n, block_k])
         a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, block_k])
-        args = (w_desc, a_desc, target, bias_arg, out_arg, counts_arg, weight, m, n, k, rows,
-                stride_cs, stride_cm, stride_om, weight.stride(0))
+        args = (w_desc, a_desc, target, bias_arg, out_arg, counts_arg, m, n, k, rows, stride_cs,
+                stride_cm, stride_om)
         return skinny_tma_kernel, grid, args, meta, options, fused
     args = (weight, a, target, bias_arg, out_arg, counts_arg, m, n, k, rows, weight.stride(0),
             weight.stride(1), a.stride(0), a.stride(1), stride_cs, stride_cm, stride_om)

@@ -290,11 +290,8 @@ def test_swap_ab_in_the_spaces():
     shape = {"m": 32, "n": 14336, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
     config = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 1,
               "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "TMA": 1, "BALANCE_N": 1,
-              "FUSE_REDUCE": 0, "PDL": 0}
+              "FUSE_REDUCE": 0}
     cuda = space_for("gemm", "cuda")
-    assert cuda.check({**config, "PDL": 1}, shape) == ""  # programmatic dependent launch
-    assert cuda.check({**config, "PDL": 1, "SWAP_AB": 0, "BLOCK_K": 64, "BALANCE_N": 0},
-                      shape) != ""  # the skinny kernel only
     assert cuda.check(config, shape) == ""
     assert cuda.check({**config, "SWAP_AB": 0, "BLOCK_K": 64}, shape) != ""  # balance: skinny only
     assert cuda.check({**config, "num_stages": 6}, shape) != ""  # 6 x 160 x 128 x 2 B > 227 KB
@@ -306,7 +303,7 @@ def test_swap_ab_in_the_spaces():
     assert cuda.check({**config, "FUSE_REDUCE": 1, "SPLIT_K": 2, "SWAP_AB": 0, "BLOCK_K": 64,
                        "BALANCE_N": 0}, shape) != ""  # the skinny kernel only
     hip = space_for("gemm", "hip")
-    amd = {**{k: v for k, v in config.items() if k not in ("TMA", "PDL")}, "BLOCK_K": 64, "num_stages": 2,
+    amd = {**{k: v for k, v in config.items() if k != "TMA"}, "BLOCK_K": 64, "num_stages": 2,
            "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1}
     assert hip.check(amd, shape) == ""
     assert "SWAP_AB" in space_for("gemm", "dcu").params

@@ -165,16 +165,11 @@ def test_cuda_space_is_small_enough_for_an_exhaustive_grid():
     # BALANCE_N, 858 with it, 1034 with FUSE_REDUCE). BALANCE_N doubles only the USE_DOT=2
     # configs (the skinny kernel's balanced rows), so the bound grew from 800 to 900, and the
     # balanced configs are exactly one copy of the unbalanced USE_DOT=2 ones; FUSE_REDUCE adds
-    # one copy of the USE_DOT=2 configs that split K (bound 1100); PDL (cuda) one copy of the
-    # USE_DOT 0 / 2 configs (bound 2100)
+    # one copy of the USE_DOT=2 configs that split K (bound 1100)
     for m, n, k in [(1, 1024, 4096), (1, 5120, 17408), (1, 151936, 4096), (8, 4096, 4096)]:
         configs = space.configs({"m": m, "n": n, "k": k})
         count = len(configs)
-        assert 10 <= count <= 2100, (m, n, k, count)
-        pdl = [c for c in configs if c["PDL"] == 1]
-        assert all(c["USE_DOT"] != 1 for c in pdl)
-        configs = [c for c in configs if c["PDL"] == 0]
-        assert len(pdl) == sum(c["USE_DOT"] != 1 for c in configs), (m, n, k)
+        assert 10 <= count <= 1100, (m, n, k, count)
         fused = [c for c in configs if c["FUSE_REDUCE"] == 1]
         assert all(c["USE_DOT"] == 2 and c["SPLIT_K"] > 1 for c in fused), (m, n, k)
         assert len(fused) == sum(c["USE_DOT"] == 2 and c["SPLIT_K"] > 1 and not c["FUSE_REDUCE"]
@@ -333,7 +328,7 @@ def test_space_keeps_the_new_variants_where_they_fit():
     cuda, hip = space_for("gemv", "cuda"), space_for("gemv", "hip")
     shape = {"m": 1, "n": 14336, "k": 4096}
     skinny = {"ROWS_PER_BLOCK": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4,
-              "USE_DOT": 2, "BALANCE_N": 0, "FUSE_REDUCE": 0, "PDL": 1}
+              "USE_DOT": 2, "BALANCE_N": 0, "FUSE_REDUCE": 0}
     assert cuda.allows(skinny, shape)
     assert cuda.allows({**skinny, "BALANCE_N": 1}, shape)  # balanced rows: the skinny kernel only
     assert not cuda.allows({**skinny, "FUSE_REDUCE": 1}, shape)  # the fused reduce: split K only
@@ -341,13 +336,10 @@ def test_space_keeps_the_new_variants_where_they_fit():
     assert not cuda.allows({**skinny, "num_stages": 6}, shape)  # 6 x 144 x 128 x 2 B > 160 KiB
     assert not cuda.allows({**skinny, "ROWS_PER_BLOCK": 32}, shape)  # below wgmma's 64 rows
     pipelined = {"ROWS_PER_BLOCK": 1, "BLOCK_K": 1024, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3,
-                 "USE_DOT": 0, "BALANCE_N": 0, "FUSE_REDUCE": 0, "PDL": 1}
+                 "USE_DOT": 0, "BALANCE_N": 0, "FUSE_REDUCE": 0}
     assert cuda.allows(pipelined, shape)
-    assert not cuda.allows({**pipelined, "USE_DOT": 1, "ROWS_PER_BLOCK": 32, "BLOCK_K": 128,
-                            "num_stages": 2}, shape)  # PDL: not the tl.dot kernel
     assert not cuda.allows({**pipelined, "SPLIT_K": 2, "FUSE_REDUCE": 1}, shape)  # skinny only
     assert not cuda.allows({**pipelined, "BALANCE_N": 1}, shape)  # not for the FMA loop
-    no_pdl = lambda c: {k: v for k, v in c.items() if k != "PDL"}
-    assert not hip.allows({**no_pdl(pipelined), "waves_per_eu": 0}, shape)  # gfx9: no FMA pipelining
-    assert hip.allows({**no_pdl(skinny), "BLOCK_K": 64, "num_warps": 8, "num_stages": 2,
-                       "waves_per_eu": 0}, shape)
+    assert not hip.allows({**pipelined, "waves_per_eu": 0}, shape)  # gfx9: no FMA pipelining
+    assert hip.allows({**skinny, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2, "waves_per_eu": 0},
+                      shape)

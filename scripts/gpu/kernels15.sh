@@ -17,8 +17,7 @@
 #      tl.dot ("dot"), USE_DOT 2 swap-AB wgmma/TMA kernel ("skinny"); gemm:
 #      the tiled kernel with / without TMA, SWAP_AB 1 skinny kernel with / without TMA; split-K
 #      where the weight rows alone give too few programs; balanced-rows twins, "-bal"; fused
-#      split-K reduce twins and splits, "-fr"; programmatic dependent launch twins, "-pdl",
-#      KERNELS15_PDL=1 by default), all filtered by the cuda search space;
+#      split-K reduce twins and splits, "-fr"), all filtered by the cuda search space;
 #      parity facts of every candidate on fresh random inputs (tuner.parity.Checker: bitwise vs
 #      torch, the default's class, error vs fp32 over torch's); sweep timing (tuner.bench, CUDA
 #      graph replays, cold L2, 5x5); the best (accuracy gate) and the default then paired against
@@ -125,7 +124,6 @@ MODELS_27B = {  # Gemma-3-27B-shaped: hidden 5376, ffn 21504, 32 q / 16 kv heads
 NK_27B = [(4096, 5376, "Gq"), (2048, 5376, "Gkv"), (5376, 4096, "Go"), (8192, 5376, "Gqkv"),
           (21504, 5376, "Ggate/up"), (5376, 21504, "Gdown"), (43008, 5376, "Ggate_up")]
 SHAPE_SET = os.environ.get("KERNELS15_SET", "8b")  # 8b (default), 27b, or all
-PDL_TWINS = os.environ.get("KERNELS15_PDL", "1") == "1"  # PDL = 1 twins (kernels/skinny.py)
 if SHAPE_SET not in ("8b", "27b", "all"):
     raise SystemExit(f"KERNELS15_SET must be 8b, 27b or all, not {SHAPE_SET!r}")
 if SHAPE_SET == "27b":
@@ -154,26 +152,24 @@ SMS = 132 if SMOKE or PLAN_ONLY else torch.cuda.get_device_properties(0).multi_p
 def variant(family, config: dict) -> str:
     if family is gemv.FAMILY:
         dot = int(config.get("USE_DOT", 0))
-        pdl = "-pdl" if int(config.get("PDL", 0)) else ""
         if dot == 0:
-            return {1: "fma", 2: "fma-pref"}.get(int(config.get("num_stages", 1)), "fma-pipe") + pdl
+            return {1: "fma", 2: "fma-pref"}.get(int(config.get("num_stages", 1)), "fma-pipe")
         if dot == 1:
             return "dot"
         return ("skinny" + ("-bal" if int(config.get("BALANCE_N", 0)) else "")
-                + ("-fr" if int(config.get("FUSE_REDUCE", 0)) else "") + pdl)
+                + ("-fr" if int(config.get("FUSE_REDUCE", 0)) else ""))
     name = "skinny" if int(config.get("SWAP_AB", 0)) else "tiled"
     return (name + ("-tma" if int(config.get("TMA", 0)) else "")
             + ("-bal" if int(config.get("BALANCE_N", 0)) else "")
-            + ("-fr" if int(config.get("FUSE_REDUCE", 0)) else "")
-            + ("-pdl" if int(config.get("PDL", 0)) else ""))
+            + ("-fr" if int(config.get("FUSE_REDUCE", 0)) else ""))
 
 
 def short(config: dict) -> str:
     keys = {"ROWS_PER_BLOCK": "R", "BLOCK_M": "M", "BLOCK_N": "N", "BLOCK_K": "K", "SPLIT_K": "sk",
             "GROUP_M": "g", "num_warps": "w", "num_stages": "s", "USE_DOT": "dot", "TMA": "tma",
-            "SWAP_AB": "swap", "BALANCE_N": "bal", "FUSE_REDUCE": "fr", "PDL": "pdl"}
+            "SWAP_AB": "swap", "BALANCE_N": "bal", "FUSE_REDUCE": "fr"}
     skip = {"GROUP_M": 1, "SPLIT_K": 1, "USE_DOT": 0, "TMA": 0, "SWAP_AB": 0, "BALANCE_N": 0,
-            "FUSE_REDUCE": 0, "PDL": 0}
+            "FUSE_REDUCE": 0}
     return ",".join(f"{keys[k]}{v}" for k, v in config.items() if k in keys and skip.get(k) != v)
 
 
@@ -311,10 +307,6 @@ def candidates(family, shape: dict) -> list[dict]:
     space = space_for(family.name, "cuda")
     raw = gemv_candidates(shape) if family is gemv.FAMILY else gemm_candidates(shape)
     raw = raw + balanced(family, shape, raw) + fused(family, shape, raw)  # no balanced twins
-    if PDL_TWINS:  # programmatic dependent launch twins of every kernel that has it
-        raw = raw + [{**c, "PDL": 1} for c in raw
-                     if (int(c.get("USE_DOT", 0)) != 1 if family is gemv.FAMILY
-                         else int(c.get("SWAP_AB", 0)) == 1)]
     default = family.default_config(shape, "cuda", sm_count=SMS)
     out, seen = [default], {json.dumps(default, sort_keys=True)}
     for c in raw:
@@ -570,9 +562,8 @@ RESULTS["bandwidth_end"] = read_bandwidth()
 # ------------------------------------------------------------------------------------ tables
 print("\nRESULTS-JSON " + json.dumps(RESULTS, default=str))
 done = {(c["m"], c["n"], c["k"]): c for c in RESULTS["cases"] if "best_us" in c}
-variants = ["fma", "fma-pdl", "fma-pref", "dot", "skinny", "skinny-pdl", "skinny-fr",
-            "skinny-fr-pdl", "tiled-tma", "skinny-tma", "skinny-tma-pdl", "skinny-tma-fr",
-            "skinny-tma-fr-pdl"]
+variants = ["fma", "fma-pref", "fma-pipe", "dot", "skinny", "skinny-bal", "skinny-fr", "tiled",
+            "tiled-tma", "skinny-tma", "skinny-tma-bal", "skinny-tma-fr"]
 print(f"\n== which variant wins: best sweep us of each variant per case (gemv m<=8, gemm m>=16)  [{elapsed():.0f}s]")
 print(f"{'m':>3} {'n x k':>11} {'torch':>7} " + " ".join(f"{v:>10}" for v in variants))
 for (m, n, k), c in sorted(done.items()):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU batches of 2026-12-01 evening (issue 15): the fused split-K reduce and programmatic
 # dependent launch.
-#   1. kernels15 (KERNELS15_SET, default all; KERNELS15_PDL=0 leaves out the PDL twins);
+#   1. kernels15 (KERNELS15_SET, default all; KERNELS15_PDL=0 left out the PDL twins at e423bf6);
 #   2. the graph-safety tests of tests/test_serving_gpu.py selected by TESTS_K.
 # Logs under $OUT. First run: KERNELS15_PDL=0 (before PDL existed); second: KERNELS15_SET=8b
 # TESTS_K="pdl or fused". Usage: OUT=... bash scripts/gpu/session10.sh
