@@ -16,9 +16,8 @@ result is deterministic, no atomics), num_warps, num_stages; on hip also waves_p
 matrix_instr_nonkdim, kpack (Triton HIP compile options, passed as launch keyword arguments);
 on cuda also TMA (read A and B through tensor descriptors, `gemm_tma_kernel`); SWAP_AB = 1 runs
 the swap-AB skinny kernel of kernels/skinny.py instead (decode batch sizes: the weight rows on the
-MMA's M side; TMA = 1 takes its descriptor form; BALANCE_N = 1 its balanced rows; FUSE_REDUCE = 1
-with SPLIT_K > 1 sums its split-K partials in each tile's last program: no reduce kernel, the same
-bytes). Ragged m / n / k are handled with masks (or by the descriptors' zero fill).
+MMA's M side; TMA = 1 takes its descriptor form). Ragged m / n / k are handled with masks (or by
+the descriptors' zero fill).
 
 Also here: `launch_plan` (the kernel calls of a config, also on meta tensors, which is how
 kernels.common compiles a config for a GPU target on a CPU host). Serving code reaches the
@@ -258,14 +257,11 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     if int(config.get("SWAP_AB", 0)) == 1 and a.dim() == 2 and b.dim() == 2:
         # out^T = W . A^T with the weight rows as the MMA's M side (kernels/skinny.py); batched
         # (bmm) shapes keep the tiled kernel
-        kernel, sk_grid, args, sk_meta, sk_opts, fused = skinny.plan(
+        kernel, sk_grid, args, sk_meta, sk_opts = skinny.plan(
             b.t(), a, target, None, block_n=block_n, block_m=block_m, block_k=block_k,
             split_k=split_k, use_tma=use_tma, options=opts, stride_cs=stride_cs, stride_cm=n,
-            balance=int(config.get("BALANCE_N", 0)) == 1, out=out,
-            fuse_reduce=int(config.get("FUSE_REDUCE", 0)) == 1)
+            balance=int(config.get("BALANCE_N", 0)) == 1)
         calls = [KernelCall(kernel, sk_grid, args, sk_meta, sk_opts)]
-        if fused:
-            return out, calls
     elif use_tma and tma_supported(a, b):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -349,7 +345,6 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
                   "GROUP_M": 1, "SPLIT_K": 4 if n <= 1024 else 1, "SWAP_AB": 1, "TMA": 1,
                   "num_warps": 4, "num_stages": 4 if wide or block_k == 256 else 6}
     config["BALANCE_N"] = 0  # the measured winners above; balanced rows are a search knob
-    config["FUSE_REDUCE"] = 0  # the reduce kernel; the fused one is a search knob
     return config
 
 

@@ -46,9 +46,8 @@ __all__ = ["DOT_ROWS", "FAMILY", "HIP_OPTIONS", "KERNEL_PARAMS", "LAUNCH_OPTIONS
 
 MAX_M = 8
 KERNEL_PARAMS = ("ROWS_PER_BLOCK", "BLOCK_K", "SPLIT_K")
-OPTIONAL_PARAMS = ("USE_DOT", "BALANCE_N", "FUSE_REDUCE")  # USE_DOT 0 (default): FMA + row sums;
-# 1: tl.dot variant; 2: skinny. BALANCE_N 1: the skinny kernel's balanced rows; FUSE_REDUCE 1: its
-# split-K partials summed by the tile's last program, no reduce kernel (kernels/skinny.py)
+OPTIONAL_PARAMS = ("USE_DOT", "BALANCE_N")  # USE_DOT 0 (default): FMA + row sums; 1: tl.dot
+# variant; 2: skinny. BALANCE_N 1: the skinny kernel's balanced rows (kernels/skinny.py)
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 HIP_OPTIONS = ("waves_per_eu",)
 REDUCE_BLOCK_N = 1024
@@ -270,10 +269,6 @@ def check_config(config: dict) -> None:
                                                          and use_dot != 2):
         raise ValueError("gemv BALANCE_N is 0, or 1 with USE_DOT=2 (the skinny kernel's "
                          "balanced rows)")
-    if int(config.get("FUSE_REDUCE", 0)) not in (0, 1) or (int(config.get("FUSE_REDUCE", 0))
-                                                           and use_dot != 2):
-        raise ValueError("gemv FUSE_REDUCE is 0, or 1 with USE_DOT=2 (the skinny kernel's "
-                         "fused split-K reduce)")
 
 
 def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
@@ -316,14 +311,13 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     has_bias = bias is not None
     if use_dot == 2:  # the swap-AB skinny kernel (kernels/skinny.py): W is the MMA's M side
         target, stride_cs, stride_cm = (out, 0, out.stride(0)) if split_k == 1 else (part, m * n, n)
-        kernel, grid, args, meta, options, fused = skinny.plan(
+        kernel, grid, args, meta, options = skinny.plan(
             weight, x, target, bias, block_n=rows, block_m=DOT_ROWS, block_k=block_k,
             split_k=split_k, use_tma=backend in ("cuda", "cpu"), stride_cs=stride_cs,
             stride_cm=stride_cm, options=launch_options(config, backend),
-            balance=int(config.get("BALANCE_N", 0)) == 1, out=out,
-            fuse_reduce=int(config.get("FUSE_REDUCE", 0)) == 1)
+            balance=int(config.get("BALANCE_N", 0)) == 1)
         calls = [KernelCall(kernel, grid, args, meta, options)]
-        if split_k > 1 and not fused:
+        if split_k > 1:
             calls.append(_reduce_call(part, out, bias, m, n, split_k))
         return out, calls
     kernel = _gemv_dot_kernel if use_dot else _gemv_kernel
@@ -433,7 +427,6 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
             config = {"ROWS_PER_BLOCK": 32, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4,
                       "USE_DOT": 1, "num_stages": 2 if backend in ("hip", "dcu") else 4}
     config["BALANCE_N"] = 0  # the measured winners above; balanced rows are a search knob
-    config["FUSE_REDUCE"] = 0  # the reduce kernel; the fused one is a search knob
     if backend in ("hip", "dcu"):
         config["waves_per_eu"] = 0
     return config

@@ -25,21 +25,6 @@ BLOCK_N-row tile; the rows past its own ROWS are its neighbour's (clamped in the
 read again through L2 by the descriptor kernel) and are not stored. Every output element is the
 same sum in the same order: the bytes do not change.
 
-Fused split-K reduce (FUSE_REDUCE = 1 in both families' configs, SPLIT_K > 1): no second kernel.
-Each program writes its fp32 partial as before, then counts itself in on its output tile
-(`tl.atomic_add`, acq_rel at GPU scope, after a block barrier: the release that publishes the
-whole block's partial); the tile's last program reads the SPLIT_K partials back from L2 and sums
-them in the same fixed order s = 0, 1, ... (plus the bias) as the reduce kernel, so the bytes are
-the reduce kernel's whichever program arrives last, then sets the tile's counter back to zero.
-The counters are one persistent int32 buffer per device (`tile_counters`, allocated on the first
-launch outside a capture and zero between launches), so a CUDA graph replays the launch as
-captured. Launches on two streams at once must not share a device's counters: each stream's
-decode step runs its kernels one after another. Measured on the H200 (BENCHMARKS.md, 2026-12-01
-evening): alone, 0.2-0.6 µs a call faster where a split pays (the 1024- and 2048-row
-projections), nothing on the 4096-row ones (more programs do not read them faster); in the
-compiled batch-32 decode step no faster than the reduce kernel (0.1-0.45 µs a call slower on the
-down and k/v projections). A search knob, like balanced rows; no default uses it.
-
 Grid: (cdiv(m, BLOCK_M), cdiv(n, ROWS), SPLIT_K), the activation tiles fastest: where m needs
 several tiles (m > BLOCK_M) the programs that share a weight tile run together, so the weight
 comes from HBM once and from L2 for the others. SPLIT_K > 1 writes fp32 partials
@@ -56,16 +41,14 @@ import triton.language as tl
 
 from kernels.common import sm_count
 
-__all__ = ["COUNTER_CAPACITY", "balanced_rows", "descriptor_ok", "plan", "skinny_kernel",
-           "skinny_tma_kernel", "tile_counters"]
+__all__ = ["balanced_rows", "descriptor_ok", "plan", "skinny_kernel", "skinny_tma_kernel"]
 
 
 @triton.jit
-def skinny_kernel(w_ptr, a_ptr, c_ptr, bias_ptr, out_ptr, count_ptr, M, N, K, ROWS,
-                  stride_wn, stride_wk, stride_am, stride_ak, stride_cs, stride_cm, stride_om,
+def skinny_kernel(w_ptr, a_ptr, c_ptr, bias_ptr, M, N, K, ROWS,
+                  stride_wn, stride_wk, stride_am, stride_ak, stride_cs, stride_cm,
                   BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  FUSE_REDUCE: tl.constexpr = 0, REDUCE_BIAS: tl.constexpr = 0):
+                  SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr):
     """Pointer loads (cp.async stages on sm90, LDS stages on gfx9): any strides."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -100,19 +83,14 @@ def skinny_kernel(w_ptr, a_ptr, c_ptr, bias_ptr, out_ptr, count_ptr, M, N, K, RO
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rows_w).to(tl.float32)[:, None]
     c_ptrs = c_ptr + pid_k * stride_cs + offs_m[None, :] * stride_cm + offs_n[:, None]
-    keep = (offs_m[None, :] < M) & (offs_n[:, None] < row_end)
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=keep)
-    if FUSE_REDUCE:
-        _last_program_sums(c_ptr, bias_ptr, out_ptr, count_ptr, pid_m, pid_n, offs_m, offs_n,
-                           keep, N, stride_cs, stride_cm, stride_om, SPLIT_K, REDUCE_BIAS)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
+             mask=(offs_m[None, :] < M) & (offs_n[:, None] < row_end))
 
 
 @triton.jit
-def skinny_tma_kernel(w_desc, a_desc, c_ptr, bias_ptr, out_ptr, count_ptr, M, N, K, ROWS,
-                      stride_cs, stride_cm, stride_om,
+def skinny_tma_kernel(w_desc, a_desc, c_ptr, bias_ptr, M, N, K, ROWS, stride_cs, stride_cm,
                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                      SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, FUSE_REDUCE: tl.constexpr = 0,
-                      REDUCE_BIAS: tl.constexpr = 0):
+                      SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr):
     """Tensor-descriptor loads (TMA on sm90): w_desc the row-major weight [n, k], block
     [BLOCK_N, BLOCK_K]; a_desc the row-major A [m, k], block [BLOCK_M, BLOCK_K]."""
     pid_m = tl.program_id(0)
@@ -135,34 +113,8 @@ def skinny_tma_kernel(w_desc, a_desc, c_ptr, bias_ptr, out_ptr, count_ptr, M, N,
     if HAS_BIAS:
         acc += tl.load(bias_ptr + tl.minimum(offs_n, N - 1)).to(tl.float32)[:, None]
     c_ptrs = c_ptr + pid_k * stride_cs + offs_m[None, :] * stride_cm + offs_n[:, None]
-    keep = (offs_m[None, :] < M) & (offs_n[:, None] < row_end)
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=keep)
-    if FUSE_REDUCE:
-        _last_program_sums(c_ptr, bias_ptr, out_ptr, count_ptr, pid_m, pid_n, offs_m, offs_n,
-                           keep, N, stride_cs, stride_cm, stride_om, SPLIT_K, REDUCE_BIAS)
-
-
-@triton.jit
-def _last_program_sums(ws_ptr, bias_ptr, out_ptr, count_ptr, pid_m, pid_n, offs_m, offs_n, keep,
-                       N, stride_cs, stride_cm, stride_om, SPLIT_K: tl.constexpr,
-                       REDUCE_BIAS: tl.constexpr):
-    """The fused split-K reduce (module docstring): after this program stored its partial
-    [BLOCK_N, BLOCK_M] tile to the fp32 workspace, count it in on the tile; the last of the
-    tile's SPLIT_K programs sums the partials in the order s = 0..SPLIT_K-1 (+ bias), as the
-    families' reduce kernels do, stores the output tile and resets the tile's counter."""
-    tl.debug_barrier()  # the whole block's partial is stored before the release below
-    tile = pid_n * tl.num_programs(0) + pid_m
-    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == SPLIT_K - 1:
-        total = tl.zeros(keep.shape, dtype=tl.float32)
-        tile_ptrs = ws_ptr + offs_m[None, :] * stride_cm + offs_n[:, None]
-        for s in tl.static_range(SPLIT_K):  # from L2 (.cg): other SMs wrote them
-            total += tl.load(tile_ptrs + s * stride_cs, mask=keep, other=0.0, cache_modifier=".cg")
-        if REDUCE_BIAS:
-            total += tl.load(bias_ptr + tl.minimum(offs_n, N - 1)).to(tl.float32)[:, None]
-        out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
-        tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=keep)
-        tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
+             mask=(offs_m[None, :] < M) & (offs_n[:, None] < row_end))
 
 
 def balanced_rows(n: int, block_n: int, other_programs: int, sm_count: int) -> int:
@@ -187,44 +139,12 @@ def descriptor_ok(*tensors) -> bool:
     return True
 
 
-COUNTER_CAPACITY = 1 << 15  # output tiles a fused-reduce launch may have (128 KiB of int32)
-_COUNTERS: dict[str, "torch.Tensor"] = {}
-
-
-def tile_counters(device, tiles: int):
-    """The device's persistent, zeroed int32 tile counters of the fused split-K reduce, or None
-    where a launch must take the reduce kernel instead (same bytes): more than COUNTER_CAPACITY
-    tiles, or a first use inside a CUDA-graph capture (the buffer must outlive the graph's
-    memory pool, so it is allocated outside any capture: serving's warm-up does). Meta tensors
-    (offline compiles) get a meta buffer."""
-    import torch
-
-    device = torch.device(device)
-    if tiles > COUNTER_CAPACITY:
-        return None
-    if device.type == "meta":
-        return torch.empty(COUNTER_CAPACITY, dtype=torch.int32, device=device)
-    key = str(device if device.index is not None or device.type != "cuda"
-              else torch.device("cuda", torch.cuda.current_device()))
-    counters = _COUNTERS.get(key)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        counters = torch.zeros(COUNTER_CAPACITY, dtype=torch.int32, device=key)
-        _COUNTERS[key] = counters
-    return counters
-
-
 def plan(weight, a, target, bias, *, block_n: int, block_m: int, block_k: int, split_k: int,
-         use_tma: bool, options: dict, stride_cs: int, stride_cm: int, balance: bool = False,
-         out=None, fuse_reduce: bool = False):
-    """(kernel, grid, args, constexprs, options, fused) of one skinny launch: `weight` the
-    [n, k] view (any strides), `a` the [m, k] view, `target` the output (or fp32 workspace,
-    stride_cs apart per split), `bias` [n] or None; `balance`: balanced rows (module docstring)
-    on the multiprocessors of `weight`'s device. `fuse_reduce` with split_k > 1 and `out` (the
-    [m, n] output, unit stride along n): the last program of each tile sums the partials into
-    `out` (+ bias); `fused` says whether it does (False: the caller launches its reduce kernel,
-    which adds the bias)."""
+         use_tma: bool, options: dict, stride_cs: int, stride_cm: int, balance: bool = False):
+    """(kernel, grid, args, constexprs, options) of one skinny launch: `weight` the [n, k] view
+    (any strides), `a` the [m, k] view, `target` the output (or fp32 workspace, stride_cs apart
+    per split), `bias` [n] or None (added only when split_k == 1); `balance`: balanced rows
+    (module docstring) on the multiprocessors of `weight`'s device."""
     n, k = weight.shape
     m = a.shape[0]
     rows = block_n
@@ -232,27 +152,18 @@ def plan(weight, a, target, bias, *, block_n: int, block_m: int, block_k: int, s
         rows = balanced_rows(n, block_n, triton.cdiv(m, block_m) * split_k,
                              sm_count(weight.device))
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, rows), split_k)
-    counters = None
-    if fuse_reduce and split_k > 1 and out is not None:
-        counters = tile_counters(target.device, grid[0] * grid[1])
-    fused = counters is not None
     has_bias = bias is not None and split_k == 1
-    bias_arg = bias if bias is not None else target  # never read without a bias
+    bias_arg = bias if has_bias else target  # never read when HAS_BIAS is False
     meta = dict(BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=split_k,
-                HAS_BIAS=has_bias, FUSE_REDUCE=int(fused),
-                REDUCE_BIAS=int(fused and bias is not None))
-    out_arg = out if fused else target
-    counts_arg = counters if fused else target  # never touched unless fused
-    stride_om = out.stride(0) if fused else 0
+                HAS_BIAS=has_bias)
     if use_tma and descriptor_ok(weight, a):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         w_desc = TensorDescriptor(weight, [n, k], [weight.stride(0), 1], [block_n, block_k])
         a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, block_k])
-        args = (w_desc, a_desc, target, bias_arg, out_arg, counts_arg, m, n, k, rows, stride_cs,
-                stride_cm, stride_om)
-        return skinny_tma_kernel, grid, args, meta, options, fused
-    args = (weight, a, target, bias_arg, out_arg, counts_arg, m, n, k, rows, weight.stride(0),
-            weight.stride(1), a.stride(0), a.stride(1), stride_cs, stride_cm, stride_om)
+        args = (w_desc, a_desc, target, bias_arg, m, n, k, rows, stride_cs, stride_cm)
+        return skinny_tma_kernel, grid, args, meta, options
+    args = (weight, a, target, bias_arg, m, n, k, rows, weight.stride(0), weight.stride(1),
+            a.stride(0), a.stride(1), stride_cs, stride_cm)
     tiles_even = k % block_k == 0
-    return skinny_kernel, grid, args, {**meta, "EVEN_K": tiles_even}, options, fused
+    return skinny_kernel, grid, args, {**meta, "EVEN_K": tiles_even}, options

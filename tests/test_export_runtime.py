@@ -269,7 +269,7 @@ def test_linear_uses_the_export_under_the_interpreter(loader):
 
     shape = {"m": 2, "n": 40, "k": 64, "dtype": "bfloat16"}
     config = {"ROWS_PER_BLOCK": 4, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 1, "num_stages": 1,
-              "USE_DOT": 0, "BALANCE_N": 0, "FUSE_REDUCE": 0}
+              "USE_DOT": 0, "BALANCE_N": 0}
     assert space_for("gemv", "cuda").check(config, shape) == ""
     table = verdicts([(2, 40, 64, 4, 0.5)])
     table["config"] = json.dumps(config, sort_keys=True, separators=(",", ":"))

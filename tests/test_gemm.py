@@ -234,63 +234,20 @@ def test_skinny_balanced_rows_give_the_same_bytes(tma):
     # row range): 9 programs of 8 rows a tile column
     shape = {"m": 20, "n": 70, "k": 40, "dtype": "bfloat16", "layout": "NT"}
     inputs = gemm.make_inputs(shape, "cpu", seed=3)
-    config = {**SKINNY[0], "TMA": tma, "BALANCE_N": 1, "FUSE_REDUCE": 0}
+    config = {**SKINNY[0], "TMA": tma, "BALANCE_N": 1}
     _, calls = gemm.launch_plan(inputs, config)
     assert calls[0].grid == (2, 9, 1)
     out = torch.full((20, 70), float("nan"), dtype=torch.bfloat16)
     gemm.launch(inputs, config, out=out)
     assert not torch.isnan(out).any()
-    assert digest(out) == digest(gemm.launch(inputs, {**config, "BALANCE_N": 0, "FUSE_REDUCE": 0}))
+    assert digest(out) == digest(gemm.launch(inputs, {**config, "BALANCE_N": 0}))
     assert rel_err(out, gemm.reference(inputs)) < TOLERANCE["bfloat16"]
-
-
-
-@pytest.mark.parametrize("layout, tma", [("NT", 0), ("NT", 1), ("NN", 1)])
-def test_skinny_fused_reduce_gives_the_reduce_kernels_bytes_in_one_launch(layout, tma):
-    # m = 33: three activation tiles of 16, 70 rows: two weight tiles, k = 48: three splits of 16
-    from kernels import skinny
-
-    shape = {"m": 33, "n": 70, "k": 48, "dtype": "bfloat16", "layout": layout}
-    inputs = gemm.make_inputs(shape, "cpu", seed=11)
-    config = {**SKINNY[0], "SPLIT_K": 3, "TMA": tma}
-    two_kernels = gemm.launch(inputs, config)
-    _, calls = gemm.launch_plan(inputs, {**config, "FUSE_REDUCE": 1})
-    assert len(calls) == 1 and calls[0].constexprs["FUSE_REDUCE"] == 1
-    for _ in range(3):  # the counters are back at zero after every launch
-        out = torch.full((33, 70), float("nan"), dtype=torch.bfloat16)
-        gemm.launch(inputs, {**config, "FUSE_REDUCE": 1}, out=out)
-        assert digest(out) == digest(two_kernels)
-        assert int(skinny.tile_counters("cpu", 1).abs().sum()) == 0
-    # balanced rows and the fused reduce together: still the same bytes
-    both = gemm.launch(inputs, {**config, "FUSE_REDUCE": 1, "BALANCE_N": 1})
-    assert digest(both) == digest(two_kernels)
-    assert rel_err(two_kernels, gemm.reference(inputs)) < TOLERANCE["bfloat16"]
-
-
-def test_skinny_fused_reduce_falls_back_to_the_reduce_kernel(monkeypatch):
-    """More output tiles than the counters hold, or no split: the plan takes the reduce kernel
-    (or none), with the same bytes."""
-    from kernels import skinny
-
-    shape = {"m": 20, "n": 70, "k": 48, "dtype": "bfloat16", "layout": "NT"}
-    inputs = gemm.make_inputs(shape, "cpu", seed=12)
-    config = {**SKINNY[0], "SPLIT_K": 3, "FUSE_REDUCE": 1}
-    monkeypatch.setattr(skinny, "COUNTER_CAPACITY", 3)  # the plan has 2 x 2 tiles
-    _, calls = gemm.launch_plan(inputs, config)
-    assert [c.kernel.fn.__name__ for c in calls] == ["skinny_tma_kernel", "splitk_reduce_kernel"]
-    assert calls[0].constexprs["FUSE_REDUCE"] == 0
-    fallback = gemm.launch(inputs, config)
-    monkeypatch.setattr(skinny, "COUNTER_CAPACITY", 1 << 15)
-    assert digest(fallback) == digest(gemm.launch(inputs, config))
-    _, calls = gemm.launch_plan(inputs, {**config, "SPLIT_K": 1})
-    assert len(calls) == 1 and calls[0].constexprs["FUSE_REDUCE"] == 0
 
 
 def test_swap_ab_in_the_spaces():
     shape = {"m": 32, "n": 14336, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
     config = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 1,
-              "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "TMA": 1, "BALANCE_N": 1,
-              "FUSE_REDUCE": 0}
+              "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "TMA": 1, "BALANCE_N": 1}
     cuda = space_for("gemm", "cuda")
     assert cuda.check(config, shape) == ""
     assert cuda.check({**config, "SWAP_AB": 0, "BLOCK_K": 64}, shape) != ""  # balance: skinny only
@@ -298,10 +255,6 @@ def test_swap_ab_in_the_spaces():
     assert cuda.check({**config, "BLOCK_N": 32}, shape) != ""  # below wgmma's 64 rows
     assert cuda.check({**config, "SWAP_AB": 0, "BLOCK_K": 256}, shape) != ""  # 256: skinny only
     assert not cuda.allows(config, {**shape, "m": 512})  # decode batch sizes only
-    assert cuda.check({**config, "FUSE_REDUCE": 1}, shape) != ""  # the fused reduce: split K only
-    assert cuda.check({**config, "FUSE_REDUCE": 1, "SPLIT_K": 2}, shape) == ""
-    assert cuda.check({**config, "FUSE_REDUCE": 1, "SPLIT_K": 2, "SWAP_AB": 0, "BLOCK_K": 64,
-                       "BALANCE_N": 0}, shape) != ""  # the skinny kernel only
     hip = space_for("gemm", "hip")
     amd = {**{k: v for k, v in config.items() if k != "TMA"}, "BLOCK_K": 64, "num_stages": 2,
            "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1}

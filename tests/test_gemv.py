@@ -162,20 +162,13 @@ def test_cuda_space_is_small_enough_for_an_exhaustive_grid():
     assert "waves_per_eu" not in space.params
     assert "waves_per_eu" in space_for("gemv", "hip").params
     # the largest cuda spaces are m = 1 on the small projections (measured: <= ~750 before
-    # BALANCE_N, 858 with it, 1034 with FUSE_REDUCE). BALANCE_N doubles only the USE_DOT=2
-    # configs (the skinny kernel's balanced rows), so the bound grew from 800 to 900, and the
-    # balanced configs are exactly one copy of the unbalanced USE_DOT=2 ones; FUSE_REDUCE adds
-    # one copy of the USE_DOT=2 configs that split K (bound 1100)
+    # BALANCE_N, 858 with it). BALANCE_N doubles only the USE_DOT=2 configs (the skinny kernel's
+    # balanced rows), so the bound grew from 800 to 900, and the balanced configs are exactly one
+    # copy of the unbalanced USE_DOT=2 ones
     for m, n, k in [(1, 1024, 4096), (1, 5120, 17408), (1, 151936, 4096), (8, 4096, 4096)]:
         configs = space.configs({"m": m, "n": n, "k": k})
         count = len(configs)
-        assert 10 <= count <= 1100, (m, n, k, count)
-        fused = [c for c in configs if c["FUSE_REDUCE"] == 1]
-        assert all(c["USE_DOT"] == 2 and c["SPLIT_K"] > 1 for c in fused), (m, n, k)
-        assert len(fused) == sum(c["USE_DOT"] == 2 and c["SPLIT_K"] > 1 and not c["FUSE_REDUCE"]
-                                 for c in configs)
-        configs = [c for c in configs if c["FUSE_REDUCE"] == 0]
-        count = len(configs)
+        assert 10 <= count <= 900, (m, n, k, count)
         balanced = [c for c in configs if c["BALANCE_N"] == 1]
         assert all(c["USE_DOT"] == 2 for c in balanced), (m, n, k)
         skinny = [c for c in configs if c["USE_DOT"] == 2 and c["BALANCE_N"] == 0]
@@ -284,24 +277,6 @@ def test_balanced_rows_give_the_same_bytes_over_more_programs(k):
     assert parity.output_hash(plain) == parity.output_hash(out)
 
 
-
-@pytest.mark.parametrize("k", [100, 104])  # the pointer and the descriptor kernel
-def test_fused_reduce_gives_the_reduce_kernels_bytes_with_the_bias(k):
-    from kernels import skinny
-
-    shape = {"m": 3, "n": 70, "k": k, "dtype": "bfloat16", "bias": 1}
-    inputs = FAMILY.make_inputs(shape, "cpu", seed=k + 1)
-    config = {**SKINNY[1], "FUSE_REDUCE": 1}  # 16-row tiles, three splits
-    _, calls = gemv.launch_plan(inputs, config)
-    assert len(calls) == 1 and calls[0].constexprs["REDUCE_BIAS"] == 1
-    two_kernels = FAMILY.launch(inputs, {**config, "FUSE_REDUCE": 0})
-    for _ in range(2):
-        fused = FAMILY.launch(inputs, config)
-        assert parity.output_hash(fused) == parity.output_hash(two_kernels)
-    assert int(skinny.tile_counters("cpu", 1).abs().sum()) == 0
-    assert _rel_err(fused, FAMILY.reference(inputs)) < 6e-3
-
-
 def test_balanced_rows_fill_whole_waves():
     from kernels.skinny import balanced_rows
 
@@ -320,25 +295,20 @@ def test_new_variants_are_checked():
         FAMILY.launch(inputs, {"ROWS_PER_BLOCK": 8, "BLOCK_K": 16, "SPLIT_K": 1, "USE_DOT": 2})
     with pytest.raises(ValueError, match="BALANCE_N"):
         FAMILY.launch(inputs, {"ROWS_PER_BLOCK": 8, "BLOCK_K": 16, "SPLIT_K": 1, "BALANCE_N": 1})
-    with pytest.raises(ValueError, match="FUSE_REDUCE"):
-        FAMILY.launch(inputs, {"ROWS_PER_BLOCK": 8, "BLOCK_K": 16, "SPLIT_K": 2, "FUSE_REDUCE": 1})
 
 
 def test_space_keeps_the_new_variants_where_they_fit():
     cuda, hip = space_for("gemv", "cuda"), space_for("gemv", "hip")
     shape = {"m": 1, "n": 14336, "k": 4096}
     skinny = {"ROWS_PER_BLOCK": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4,
-              "USE_DOT": 2, "BALANCE_N": 0, "FUSE_REDUCE": 0}
+              "USE_DOT": 2, "BALANCE_N": 0}
     assert cuda.allows(skinny, shape)
     assert cuda.allows({**skinny, "BALANCE_N": 1}, shape)  # balanced rows: the skinny kernel only
-    assert not cuda.allows({**skinny, "FUSE_REDUCE": 1}, shape)  # the fused reduce: split K only
-    assert cuda.allows({**skinny, "FUSE_REDUCE": 1, "SPLIT_K": 2}, shape)
     assert not cuda.allows({**skinny, "num_stages": 6}, shape)  # 6 x 144 x 128 x 2 B > 160 KiB
     assert not cuda.allows({**skinny, "ROWS_PER_BLOCK": 32}, shape)  # below wgmma's 64 rows
     pipelined = {"ROWS_PER_BLOCK": 1, "BLOCK_K": 1024, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3,
-                 "USE_DOT": 0, "BALANCE_N": 0, "FUSE_REDUCE": 0}
+                 "USE_DOT": 0, "BALANCE_N": 0}
     assert cuda.allows(pipelined, shape)
-    assert not cuda.allows({**pipelined, "SPLIT_K": 2, "FUSE_REDUCE": 1}, shape)  # skinny only
     assert not cuda.allows({**pipelined, "BALANCE_N": 1}, shape)  # not for the FMA loop
     assert not hip.allows({**pipelined, "waves_per_eu": 0}, shape)  # gfx9: no FMA pipelining
     assert hip.allows({**skinny, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2, "waves_per_eu": 0},

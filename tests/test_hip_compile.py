@@ -140,9 +140,9 @@ def test_whole_hip_space_compiles_for_gfx942(shape, record_property):
 # --------------------------------------------------------------- issue 15: the new variants
 M1 = {"m": 1, "n": 14336, "k": 4096, "dtype": "bfloat16"}
 SKINNY_CUDA = {"ROWS_PER_BLOCK": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4,
-               "num_stages": 4, "USE_DOT": 2, "BALANCE_N": 0, "FUSE_REDUCE": 0}
+               "num_stages": 4, "USE_DOT": 2, "BALANCE_N": 0}
 PREFETCH = {"ROWS_PER_BLOCK": 1, "BLOCK_K": 1024, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2,
-            "USE_DOT": 0, "BALANCE_N": 0, "FUSE_REDUCE": 0}
+            "USE_DOT": 0, "BALANCE_N": 0}
 CP_ASYNC = {**PREFETCH, "num_stages": 3}
 
 
@@ -196,9 +196,9 @@ def test_new_variants_compile_for_gfx942(record_property):
     compile without spills within the 64 KiB LDS, with 16-byte loads."""
     space = space_for("gemv", "hip")
     skinny = {"ROWS_PER_BLOCK": 128, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 8, "num_stages": 2,
-              "USE_DOT": 2, "waves_per_eu": 0, "BALANCE_N": 0, "FUSE_REDUCE": 0}
+              "USE_DOT": 2, "waves_per_eu": 0, "BALANCE_N": 0}
     prefetch = {"ROWS_PER_BLOCK": 2, "BLOCK_K": 1024, "SPLIT_K": 1, "num_warps": 4,
-                "num_stages": 2, "USE_DOT": 0, "waves_per_eu": 2, "BALANCE_N": 0, "FUSE_REDUCE": 0}
+                "num_stages": 2, "USE_DOT": 0, "waves_per_eu": 2, "BALANCE_N": 0}
     for config in (skinny, prefetch):
         assert space.allows(config, M1) and space.allows(config, {**M1, "m": 8})
     results = _check_all_fit(GFX942, [skinny, prefetch], M1, record_property)

@@ -34,13 +34,13 @@ SHAPES = {
 SAMPLES = {"cuda": 2, "hip": 2, "dcu": 1}  # random kept configs per shape, plus the default
 
 BIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8, "num_stages": 5,
-       "BALANCE_N": 0, "FUSE_REDUCE": 0}
+       "BALANCE_N": 0}
 LDS = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8,
-       "num_stages": 3, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1, "BALANCE_N": 0, "FUSE_REDUCE": 0}
+       "num_stages": 3, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1, "BALANCE_N": 0}
 SPILLING = {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8, "num_stages": 3,
-            "BALANCE_N": 0, "FUSE_REDUCE": 0}
+            "BALANCE_N": 0}
 TMA = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8,
-       "num_stages": 4, "TMA": 1, "BALANCE_N": 0, "FUSE_REDUCE": 0}
+       "num_stages": 4, "TMA": 1, "BALANCE_N": 0}
 
 
 @functools.lru_cache(maxsize=None)
@@ -158,7 +158,7 @@ SKINNY_CUDA = [  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, TMA)
 
 def _skinny(bm, bn, bk, w, s, tma):
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "SWAP_AB": 1,
-            "num_warps": w, "num_stages": s, "TMA": tma, "BALANCE_N": 0, "FUSE_REDUCE": 0}
+            "num_warps": w, "num_stages": s, "TMA": tma, "BALANCE_N": 0}
 
 
 def test_skinny_configs_are_wgmma_fed_by_tma_on_sm90():
@@ -183,36 +183,6 @@ def test_skinny_configs_are_wgmma_fed_by_tma_on_sm90():
         assert ("cp.async.bulk.tensor" in main.asm) == bool(config["TMA"])
         assert gemm_smem_estimate(config) <= main.shared <= gemm_smem_estimate(config) + 1024
         assert len(row) == (2 if config["SPLIT_K"] > 1 else 1)
-
-
-def test_fused_reduce_compiles_to_one_kernel_with_a_gpu_scope_counter():
-    """FUSE_REDUCE 1: one launch (no reduce kernel); one thread counts the block in with an
-    acq_rel atomic at GPU scope after a block barrier, the partials come back through L2 (.cg),
-    the counter is reset; sm90 with and without TMA, gfx942 (the hip / dcu proxy)."""
-    shape = {"m": 32, "n": 4096, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
-    cuda = [{**_skinny(32, 64, 256, 4, 4, tma), "SPLIT_K": 2, "FUSE_REDUCE": 1} for tma in (0, 1)]
-    for config in cuda:
-        assert space_for("gemm", "cuda").allows(config, shape), config
-    for config, row in zip(cuda, compile_configs("gemm", [(shape, c) for c in cuda], TARGETS["cuda"],
-                                                 with_asm=True)):
-        assert not isinstance(row, str), (config, row)
-        assert len(row) == 1 and row[0].n_spills == 0, row
-        asm = row[0].asm
-        assert "atom.global.gpu.acq_rel.add" in asm and "ld.global.cg" in asm, config
-        assert "atom.global.gpu.relaxed.exch" in asm and "bar.sync" in asm
-    amd = {**cuda[0], "TMA": 0, "BLOCK_K": 64, "num_stages": 2, "waves_per_eu": 0,
-           "matrix_instr_nonkdim": 16, "kpack": 1}
-    assert space_for("gemm", "hip").allows(amd, shape)
-    gemv_shape = {"m": 4, "n": 4096, "k": 4096, "dtype": "bfloat16", "bias": 1}
-    gemv_config = {"ROWS_PER_BLOCK": 64, "BLOCK_K": 256, "SPLIT_K": 2, "num_warps": 4,
-                   "num_stages": 4, "USE_DOT": 2, "BALANCE_N": 0, "FUSE_REDUCE": 1}
-    assert space_for("gemv", "cuda").allows(gemv_config, gemv_shape)
-    (hip_row,) = compile_configs("gemm", [(shape, amd)], TARGETS["hip"], with_asm=True)
-    (gemv_row,) = compile_configs("gemv", [(gemv_shape, gemv_config)], TARGETS["cuda"])
-    for row in (hip_row, gemv_row):
-        assert not isinstance(row, str), row
-        assert len(row) == 1 and row[0].n_spills == 0, row
-    assert "global_atomic_add" in hip_row[0].asm and "buffer_inv" in hip_row[0].asm
 
 
 def test_skinny_configs_compile_for_gfx942_and_the_spilling_one_is_rejected():

@@ -16,8 +16,7 @@
 #      buffer (num_stages 2, "fma-pref"), FMA pipelined by cp.async (3-4, "fma-pipe"), USE_DOT 1
 #      tl.dot ("dot"), USE_DOT 2 swap-AB wgmma/TMA kernel ("skinny"); gemm:
 #      the tiled kernel with / without TMA, SWAP_AB 1 skinny kernel with / without TMA; split-K
-#      where the weight rows alone give too few programs; balanced-rows twins, "-bal"; fused
-#      split-K reduce twins and splits, "-fr"), all filtered by the cuda search space;
+#      where the weight rows alone give too few programs), all filtered by the cuda search space;
 #      parity facts of every candidate on fresh random inputs (tuner.parity.Checker: bitwise vs
 #      torch, the default's class, error vs fp32 over torch's); sweep timing (tuner.bench, CUDA
 #      graph replays, cold L2, 5x5); the best (accuracy gate) and the default then paired against
@@ -154,22 +153,17 @@ def variant(family, config: dict) -> str:
         dot = int(config.get("USE_DOT", 0))
         if dot == 0:
             return {1: "fma", 2: "fma-pref"}.get(int(config.get("num_stages", 1)), "fma-pipe")
-        if dot == 1:
-            return "dot"
-        return ("skinny" + ("-bal" if int(config.get("BALANCE_N", 0)) else "")
-                + ("-fr" if int(config.get("FUSE_REDUCE", 0)) else ""))
+        return "dot" if dot == 1 else ("skinny-bal" if int(config.get("BALANCE_N", 0)) else "skinny")
     name = "skinny" if int(config.get("SWAP_AB", 0)) else "tiled"
     return (name + ("-tma" if int(config.get("TMA", 0)) else "")
-            + ("-bal" if int(config.get("BALANCE_N", 0)) else "")
-            + ("-fr" if int(config.get("FUSE_REDUCE", 0)) else ""))
+            + ("-bal" if int(config.get("BALANCE_N", 0)) else ""))
 
 
 def short(config: dict) -> str:
     keys = {"ROWS_PER_BLOCK": "R", "BLOCK_M": "M", "BLOCK_N": "N", "BLOCK_K": "K", "SPLIT_K": "sk",
             "GROUP_M": "g", "num_warps": "w", "num_stages": "s", "USE_DOT": "dot", "TMA": "tma",
-            "SWAP_AB": "swap", "BALANCE_N": "bal", "FUSE_REDUCE": "fr"}
-    skip = {"GROUP_M": 1, "SPLIT_K": 1, "USE_DOT": 0, "TMA": 0, "SWAP_AB": 0, "BALANCE_N": 0,
-            "FUSE_REDUCE": 0}
+            "SWAP_AB": "swap", "BALANCE_N": "bal"}
+    skip = {"GROUP_M": 1, "SPLIT_K": 1, "USE_DOT": 0, "TMA": 0, "SWAP_AB": 0, "BALANCE_N": 0}
     return ",".join(f"{keys[k]}{v}" for k, v in config.items() if k in keys and skip.get(k) != v)
 
 
@@ -280,33 +274,10 @@ def balanced(family, shape: dict, raw: list[dict]) -> list[dict]:
     return out
 
 
-def fused(family, shape: dict, raw: list[dict]) -> list[dict]:
-    """FUSE_REDUCE = 1 twins of the skinny candidates (kernels/skinny.py: the tile's last program
-    sums the split-K partials, no reduce kernel; the same bytes): of every split one, and splits
-    of the unsplit ones while the grid stays under 3 programs an SM (without the reduce kernel's
-    launch, splits that fill the SMs may pay where they did not)."""
-    out = []
-    for c in raw:
-        skinny_kernel = (int(c.get("USE_DOT", 0)) == 2 if family is gemv.FAMILY
-                         else int(c.get("SWAP_AB", 0)) == 1)
-        if not skinny_kernel:
-            continue
-        if c.get("SPLIT_K", 1) > 1:
-            out.append({**c, "FUSE_REDUCE": 1})
-            continue
-        block_n = c["ROWS_PER_BLOCK"] if family is gemv.FAMILY else c["BLOCK_N"]
-        block_m = gemv.DOT_ROWS if family is gemv.FAMILY else c["BLOCK_M"]
-        programs = triton.cdiv(shape["n"], block_n) * triton.cdiv(shape["m"], block_m)
-        for s in (2, 4, 8):
-            if programs * s <= 3 * SMS and triton.cdiv(shape["k"], c["BLOCK_K"]) >= 2 * s:
-                out.append({**c, "SPLIT_K": s, "FUSE_REDUCE": 1})
-    return out
-
-
 def candidates(family, shape: dict) -> list[dict]:
     space = space_for(family.name, "cuda")
     raw = gemv_candidates(shape) if family is gemv.FAMILY else gemm_candidates(shape)
-    raw = raw + balanced(family, shape, raw) + fused(family, shape, raw)  # no balanced twins
+    raw = raw + balanced(family, shape, raw)
     default = family.default_config(shape, "cuda", sm_count=SMS)
     out, seen = [default], {json.dumps(default, sort_keys=True)}
     for c in raw:
@@ -562,8 +533,8 @@ RESULTS["bandwidth_end"] = read_bandwidth()
 # ------------------------------------------------------------------------------------ tables
 print("\nRESULTS-JSON " + json.dumps(RESULTS, default=str))
 done = {(c["m"], c["n"], c["k"]): c for c in RESULTS["cases"] if "best_us" in c}
-variants = ["fma", "fma-pref", "fma-pipe", "dot", "skinny", "skinny-bal", "skinny-fr", "tiled",
-            "tiled-tma", "skinny-tma", "skinny-tma-bal", "skinny-tma-fr"]
+variants = ["fma", "fma-pref", "fma-pipe", "dot", "skinny", "skinny-bal", "tiled", "tiled-tma",
+            "skinny-tma", "skinny-tma-bal"]
 print(f"\n== which variant wins: best sweep us of each variant per case (gemv m<=8, gemm m>=16)  [{elapsed():.0f}s]")
 print(f"{'m':>3} {'n x k':>11} {'torch':>7} " + " ".join(f"{v:>10}" for v in variants))
 for (m, n, k), c in sorted(done.items()):
