@@ -119,10 +119,7 @@ def budget_figure(rows: list[dict], *, threshold_us: float | None, safety: float
         text = ("not budgeted (kept)" if r["unjudged"]
                 else f"{r['verdict']}  {full:.3g} µs/token")
         ax.text(full + top * 0.01, i, text, va="center", fontsize=8, color="#333")
-    if _ok(threshold_us):
-        ax.axvline(threshold_us, color=COLORS["line"], linestyle="--", linewidth=1.3)
-        ax.text(threshold_us, -0.9, f" threshold {threshold_us:.3g} µs/token",
-                color=COLORS["line"], fontsize=8.5, va="bottom")
+    _threshold_line(ax, threshold_us, "")
     ax.set_yticks(range(len(shown)), [r["label"] for r in shown], fontsize=8)
     ax.set_ylim(len(shown) - 0.5, -1.3)
     ax.set_xlim(0, top * 1.28)
@@ -224,10 +221,7 @@ def verdict_figure(rows: list[dict], *, threshold_us: float | None, threshold_te
         ax.barh(i, value, color=COLORS.get(r["decision"], COLORS["prune"]), height=0.7)
         ax.text(max(value, 0) + span * 0.01, i, r["note"], va="center", fontsize=7.8, color="#333")
     ax.axvline(0, color="#555", linewidth=0.8)
-    if _ok(threshold_us):
-        ax.axvline(threshold_us, color=COLORS["line"], linestyle="--", linewidth=1.3)
-        ax.text(threshold_us, -0.9, f" threshold {threshold_us:.3g} µs/token ({threshold_text})",
-                color=COLORS["line"], fontsize=8.5, va="bottom")
+    _threshold_line(ax, threshold_us, f" ({threshold_text})")
     ax.set_yticks(range(len(shown)), [r["label"] for r in shown], fontsize=7.8)
     ax.set_ylim(len(shown) - 0.5, -1.3)
     ax.set_xlim(min(low, 0) - span * 0.05, high + span * 0.75)
@@ -359,3 +353,11 @@ def ab_tokens_figure(ab: dict):
         ax.grid(axis="x", visible=False)
         ax.grid(axis="y", color="#e3e6eb", linewidth=0.8)
     return fig
+
+
+def _threshold_line(ax, threshold_us, suffix: str) -> None:
+    """The dashed saving threshold of a horizontal bar chart, labelled above the first bar."""
+    if _ok(threshold_us):
+        ax.axvline(threshold_us, color=COLORS["line"], linestyle="--", linewidth=1.3)
+        ax.text(threshold_us, -0.9, f" threshold {threshold_us:.3g} µs/token{suffix}",
+                color=COLORS["line"], fontsize=8.5, va="bottom")
