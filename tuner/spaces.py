@@ -30,6 +30,7 @@ them wherever it runs. `check_shape(family, shape)` is the shape schema of each 
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import itertools
 import math
@@ -71,7 +72,7 @@ class SearchSpace:
         scope = {**_SAFE_FUNCS, **shape, **config}
         for expr in self.constraints:
             try:
-                if not eval(expr, {"__builtins__": {}}, scope):  # noqa: S307 - our own data files
+                if not eval(_compiled(expr), {"__builtins__": {}}, scope):  # noqa: S307 - our data
                     return False
             except Exception as exc:
                 raise TunerError(
@@ -117,6 +118,16 @@ class SearchSpace:
 
     def size(self) -> int:
         return math.prod(len(v) for v in self.params.values())
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(expr: str):
+    """A constraint's code object, compiled once (enumerating a space evaluates each constraint
+    for every combination of the grid: compiling the text each time was most of the cost)."""
+    try:
+        return compile(expr, "<constraint>", "eval")
+    except SyntaxError:
+        return expr  # eval() of the text raises the SyntaxError, and allows() says which constraint
 
 
 def family_names() -> list[str]:

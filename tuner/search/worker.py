@@ -264,8 +264,14 @@ def worker_main(args: WorkerArgs, conn, stop_event) -> None:
 
 
 def _loop(args: WorkerArgs, conn, stop_event) -> None:
+    import warnings
+
     import optuna
     from optuna.storages import fail_stale_trials
+
+    # study.ask() warns, once per trial, that a heartbeat storage is meant for Study.optimize;
+    # this loop runs the heartbeat itself (`Heartbeat`, as optimize does), so the warning is noise
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 
     settings = args.settings
     storage = make_storage(settings.storage, settings.heartbeat_s, settings.grace_s)
