@@ -65,3 +65,27 @@ def test_read_state_counts_measurements_not_deaths_orphans_or_step_asides(tmp_pa
     assert state.measured == 2 and state.failed == 1
     assert search.config_key(configs[1]) in state.known
     assert state.failures == {"worker lost (heartbeat stale)": 1}
+
+
+def test_known_configs_are_queued_right_after_the_default_and_read_back_in_order(tmp_path):
+    """Rule 1 with known configs (kernels/candidates.py): default, then the known ones (role
+    known, those outside the constraints dropped, no duplicate of the default), then the
+    sampler's startup; `queued_configs` gives the full configs in that order (what a worker
+    compiles ahead)."""
+    from test_search import DEFAULT, SPACE
+
+    known = [{"BLOCK_N": 64, "BLOCK_K": 64}, {"BLOCK_N": 64, "BLOCK_K": 128},  # 2nd: 8192 > 4096
+             dict(DEFAULT), {"BLOCK_N": 16, "num_warps": 4}, {"BLOCK_N": 64, "BLOCK_K": 64}]
+    plan = search.make_plan(family="fake", shape={"m": 1, "n": 1024, "k": 4096, "dtype": "bfloat16"},
+                            shape_key="m=1,n=1024,k=4096", device_key="known-test", backend="cuda",
+                            space=SPACE, default_config=DEFAULT, weight=1.0, known_configs=known)
+    expected_known = [{**DEFAULT, "BLOCK_N": 64, "BLOCK_K": 64}, {**DEFAULT, "BLOCK_N": 16, "num_warps": 4}]
+    assert search.known_params(plan) == expected_known
+    study, _ = _study(tmp_path, plan)
+    added = claims.seed_queue(study, plan, "tpe", 0, created=True)
+    startup = search.startup_configs(plan, "tpe", 0)
+    assert added == 1 + 2 + len(startup) and startup
+    assert not any(c in expected_known or c == DEFAULT for c in startup)
+    queued = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
+    assert [t.user_attrs["role"] for t in queued[:4]] == ["default", "known", "known", "startup"]
+    assert claims.queued_configs(study, plan)[:3] == [DEFAULT] + expected_known

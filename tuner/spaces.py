@@ -116,8 +116,30 @@ class SearchSpace:
                 out.append(config)
         return out
 
+    def known(self, configs: list[dict], shape: dict, default: dict) -> list[dict]:
+        """`configs` (partial, e.g. kernels.candidates' lists) completed with the default's
+        values, in order: those this space allows for `shape`, without duplicates or the
+        default itself. Only the space's parameters are kept."""
+        def full(config: dict) -> dict:
+            return {p: config.get(p, default.get(p)) for p in self.params}
+
+        seen, out = {_key(full(default))}, []
+        for config in configs:
+            candidate = full(config)
+            key = _key(candidate)
+            if key in seen or any(v not in self.params[p] for p, v in candidate.items()):
+                continue
+            if self.allows(candidate, shape):
+                seen.add(key)
+                out.append(candidate)
+        return out
+
     def size(self) -> int:
         return math.prod(len(v) for v in self.params.values())
+
+
+def _key(config: dict) -> tuple:
+    return tuple(sorted(config.items()))
 
 
 @functools.lru_cache(maxsize=None)

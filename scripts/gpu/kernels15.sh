@@ -8,8 +8,8 @@
 # 16, 32, 64, 128, 256 (gemm family):
 #   0. device, measured read bandwidth (tuner.device.measure_read_bandwidth, 2 GiB; again at
 #      the end), A/A noise of the protocol on two shapes;
-#   1. compiles every candidate of every case first, in a thread pool (triton.AsyncCompileMode
-#      + JITFunction.warmup on meta tensors: the launches then hit the in-memory cache; compiles
+#   1. compiles every candidate of every case first, in a thread pool (tuner.precompile:
+#      JITFunction.warmup on meta tensors, the launches then hit the in-memory cache; compiles
 #      not started within KERNELS15_PRECOMPILE_S, default 150 s, happen at first launch);
 #   2. per case: torch (F.linear's cuBLAS path: the family baseline), the family default and a
 #      bounded, reasoned candidate list per variant (gemv: FMA, FMA with a register double
@@ -43,7 +43,6 @@ export PYTHONUNBUFFERED=1
 } 2>&1 | tee "$OUT/kernels15.log"
 python3 - 2>&1 <<'PY' | tee -a "$OUT/kernels15.log"
 import json
-import math
 import os
 import time
 import traceback
@@ -60,7 +59,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from kernels import gemm, gemv  # noqa: E402
-from kernels.common import pow2_at_least  # noqa: E402
+from kernels.candidates import candidate_configs  # noqa: E402
 from tuner import bench, parity  # noqa: E402
 from tuner.spaces import space_for  # noqa: E402
 
@@ -167,127 +166,13 @@ def short(config: dict) -> str:
     return ",".join(f"{keys[k]}{v}" for k, v in config.items() if k in keys and skip.get(k) != v)
 
 
-def split_for(programs: int, k: int, block_k: int, min_tiles_per_split: int,
-              count: int = 1) -> list[int]:
-    """For a grid of fewer programs than SMs: the `count` split-K values that bring it nearest
-    1.5 programs an SM, keeping min_tiles_per_split BLOCK_Ks a slice."""
-    if programs >= SMS:
-        return []
-    fits = [s for s in (2, 4, 8, 16) if triton.cdiv(k, block_k) >= min_tiles_per_split * s]
-    return sorted(sorted(fits, key=lambda s: abs(math.log(programs * s / (1.5 * SMS))))[:count])
-
-
-def gemv_candidates(shape: dict) -> list[tuple[dict, bool]]:
-    """(config, also try split-K) for m = 1..8."""
-    m = shape["m"]
-    fma = lambda r, bk, w, s=1: {"ROWS_PER_BLOCK": r, "BLOCK_K": bk, "num_warps": w,
-                                  "num_stages": s, "USE_DOT": 0}
-    dot = lambda r, bk, w, s, d: {"ROWS_PER_BLOCK": r, "BLOCK_K": bk, "num_warps": w,
-                                  "num_stages": s, "USE_DOT": d}
-    # plain FMA: the m = 1 winners of the 2026-11-29 sweep (R1/R2 BK1024) and of the 2026-12-01
-    # search (R1 BK2048 w8 on 1024x4096, R2 BK512 w2 on 4096x4096, R4 BK512 w8 on 4096x12288)
-    base = [(fma(1, 1024, 4), False)]
-    if m == 1:
-        base += [(fma(2, 1024, 4), False), (fma(1, 2048, 8), False), (fma(2, 512, 2), False),
-                 (fma(4, 512, 8), False)]
-    # More W in flight for the FMA loop, predicted to hide the HBM latency the plain loop exposes
-    # once a step (R1 BK1024 w4: one 16-byte W load per thread in flight, ~32 KB an SM at full
-    # occupancy, about what Little's law asks at 4.4 TB/s): num_stages 2 = a register double
-    # buffer (2 loads in flight, x still from L1); 3-4 = cp.async stages (2-3 in flight, but on
-    # Triton 3.6 the x tile comes from L2 next to W: m x-bytes per W-byte of L2 traffic)
-    base += [(fma(1, 1024, 4, 2), False), (fma(1, 1024, 4, 3), False)]
-    if m == 1:
-        base += [(fma(2, 1024, 4, 2), False), (fma(2, 512, 2, 2), False),
-                 (fma(1, 512, 2, 2), False), (fma(1, 1024, 4, 4), False)]
-    # USE_DOT 1 (mma.sync, cp.async stages): the m >= 2 default and a searched winner
-    base += [(dot(32, 128, 4, 4, 1), True), (dot(64, 128, 4, 4, 1), False)]
-    # USE_DOT 2 (swap-AB wgmma, W by TMA): 64 / 128 weight rows a program, 4-6 stages in flight
-    base += [(dot(64, 128, 4, 4, 2), True), (dot(64, 128, 4, 6, 2), False),
-             (dot(128, 128, 4, 4, 2), True), (dot(128, 128, 8, 4, 2), False),
-             (dot(64, 256, 4, 4, 2), False)]
-    n, k = shape["n"], shape["k"]
-    configs = []
-    for c, splittable in base:
-        configs.append({**c, "SPLIT_K": 1})
-        if splittable:
-            configs += [{**c, "SPLIT_K": s}
-                        for s in split_for(triton.cdiv(n, c["ROWS_PER_BLOCK"]), k, c["BLOCK_K"], 2)]
-    return configs
-
-
-def gemm_candidates(shape: dict) -> list[dict]:
-    m, n, k = shape["m"], shape["n"], shape["k"]
-    bm = max(16, min(64 if m < 128 else 128, pow2_at_least(m)))
-    tiled = lambda bm_, bn, bk, w, s, tma: {"BLOCK_M": bm_, "BLOCK_N": bn, "BLOCK_K": bk,
-                                            "GROUP_M": 1, "num_warps": w, "num_stages": s,
-                                            "TMA": tma, "SWAP_AB": 0}
-    skinny = lambda bm_, bn, bk, w, s, tma=1: {"BLOCK_M": bm_, "BLOCK_N": bn, "BLOCK_K": bk,
-                                               "GROUP_M": 1, "num_warps": w, "num_stages": s,
-                                               "TMA": tma, "SWAP_AB": 1}
-    base = []
-    if m < 256:  # the tiled kernel's narrow tiles (the winners of the 2026-11-29 sweep and of
-        # the 2026-12-01 m = 32 search: BLOCK_N 32 with TMA, split 2 on 4096 x 4096)
-        base += [(tiled(bm, 64, 128, 4, 4, 0), 1), (tiled(bm, 64, 128, 4, 4, 1), 1),
-                 (tiled(bm, 32, 128, 4, 5, 1), 1), (tiled(bm, 128, 64, 4, 4, 1), 0)]
-    if m >= 128:  # wgmma tiles of the tiled kernel
-        base += [(tiled(128, 128, 64, 8, 3, 1), 1), (tiled(128, 128, 64, 8, 4, 0), 0),
-                 (tiled(128, 256, 64, 8, 3, 1), 0)]
-    # the swap-AB skinny kernel: weight rows on wgmma's M side, activation rows on its N side
-    # (BLOCK_M = m up to 128; two tiles, or one of 256, at m = 256), the deepest TMA pipeline
-    # that fits the shared memory
-    sm = min(128, pow2_at_least(m))
-    # (64 weight rows a program is wgmma's minimum, so n = 4096 gives only 64 programs: split K
-    # 2 and 4 are both tried there, against the reduce kernel's extra launch)
-    base += [(skinny(sm, 64, 128, 4, 6 if sm <= 64 else 4), 2),
-             (skinny(sm, 64, 256, 4, 4 if sm <= 32 else 3), 0),
-             (skinny(sm, 128, 128, 4, 6 if sm <= 16 else 4 if sm <= 64 else 3), 1),
-             (skinny(sm, 128, 64, 8, 6), 0), (skinny(sm, 64, 128, 4, 4, tma=0), 0)]
-    if m >= 64:
-        base += [(skinny(sm, 128, 128, 8, 4), 0)]
-    if m >= 256:
-        base += [(skinny(256, 64, 64, 4, 4), 0), (skinny(256, 128, 64, 8, 3), 0)]
-    configs = []
-    for c, splits in base:
-        configs.append({**c, "SPLIT_K": 1})
-        if splits:
-            tiles = triton.cdiv(n, c["BLOCK_N"]) * triton.cdiv(m, c["BLOCK_M"])
-            configs += [{**c, "SPLIT_K": s} for s in split_for(tiles, k, c["BLOCK_K"], 4, splits)]
-    return configs
-
-
-def balanced(family, shape: dict, raw: list[dict]) -> list[dict]:
-    """BALANCE_N = 1 twins of the skinny candidates whose tiles leave SMs idle: the same tile,
-    fewer rows a program, whole waves (kernels/skinny.py; the same bytes)."""
-    from kernels.skinny import balanced_rows
-
-    out = []
-    for c in raw:
-        skinny_kernel = (int(c.get("USE_DOT", 0)) == 2 if family is gemv.FAMILY
-                         else int(c.get("SWAP_AB", 0)) == 1)
-        if not skinny_kernel:
-            continue
-        block_n = c["ROWS_PER_BLOCK"] if family is gemv.FAMILY else c["BLOCK_N"]
-        block_m = gemv.DOT_ROWS if family is gemv.FAMILY else c["BLOCK_M"]
-        others = triton.cdiv(shape["m"], block_m) * c.get("SPLIT_K", 1)
-        if balanced_rows(shape["n"], block_n, others, SMS) < block_n:
-            out.append({**c, "BALANCE_N": 1})
-    return out
-
-
 def candidates(family, shape: dict) -> list[dict]:
+    """The default, then the family's known configs (kernels/candidates.py: the lists a search
+    queues first) that the cuda space allows."""
     space = space_for(family.name, "cuda")
-    raw = gemv_candidates(shape) if family is gemv.FAMILY else gemm_candidates(shape)
-    raw = raw + balanced(family, shape, raw)
     default = family.default_config(shape, "cuda", sm_count=SMS)
-    out, seen = [default], {json.dumps(default, sort_keys=True)}
-    for c in raw:
-        full = {p: c.get(p, default.get(p)) for p in space.params}
-        key = json.dumps(full, sort_keys=True)
-        if key in seen or not space.allows(full, shape):
-            continue
-        seen.add(key)
-        out.append(full)
-    return out
+    return [default] + space.known(candidate_configs(family.name, shape, "cuda", SMS), shape,
+                                   default)
 
 
 CASES = [(m, n, k, tag) for m in M_ORDER for n, k, tag in NK]
@@ -335,49 +220,22 @@ BW = RESULTS["bandwidth"] or float("nan")
 # ----------------------------------------------------------------------- compile everything
 def precompile(jobs) -> dict:
     """{(family, shape_key, config_json): failure reason} after compiling every kernel of every
-    job in a thread pool (Triton's compiles release the GIL; ptxas is a child process)."""
-    failures = {}
+    job in a thread pool (tuner.precompile: the search workers' compile-ahead, blocking here;
+    compiles not started within KERNELS15_PRECOMPILE_S happen at first launch)."""
     if SMOKE:
-        return failures
-    from concurrent.futures import Executor, ThreadPoolExecutor
+        return {}
+    from tuner.precompile import precompile as compile_all
 
-    workers = max(2, min(14, (os.cpu_count() or 4) - 2))
-    t0 = time.time()
-    deadline = t0 + PRECOMPILE_S
-    kernels = 0
-
-    class UntilDeadline(Executor):
-        """Compiles not started by the deadline are skipped (compiled at first launch)."""
-
-        def __init__(self, pool):
-            self.pool = pool
-
-        def submit(self, fn, *args, **kwargs):
-            def run():
-                if time.time() > deadline:
-                    raise TimeoutError("precompile deadline")
-                return fn(*args, **kwargs)
-            return self.pool.submit(run)
-
-    try:
-        with ThreadPoolExecutor(workers) as pool, \
-                triton.AsyncCompileMode(UntilDeadline(pool), ignore_errors=True):
-            for family, shape, config in jobs:
-                try:
-                    inputs = family.make_inputs(shape, "meta")
-                    _, calls = family.launch_plan(inputs, config, backend="cuda")
-                    for call in calls:
-                        call.kernel.warmup(*call.args, grid=call.grid, **call.constexprs,
-                                           **call.options)
-                        kernels += 1
-                except Exception as exc:  # noqa: BLE001 - compiled again (and failing) at run time
-                    failures[(family.name, family.shape_key(shape), json.dumps(config, sort_keys=True))] = reason(exc)
-    except Exception as exc:  # noqa: BLE001 - the runs compile lazily then
-        say(f"precompile stopped: {reason(exc)}")
-    RESULTS["compile"] = {"jobs": len(jobs), "kernel_warmups": kernels, "workers": workers,
-                          "seconds": round(time.time() - t0, 1), "failures": len(failures)}
-    say(f"precompiled {kernels} kernel launches of {len(jobs)} (shape, config) jobs with {workers} "
-        f"threads in {time.time() - t0:.1f} s; {len(failures)} jobs failed to plan/compile")
+    threads = max(2, min(14, (os.cpu_count() or 4) - 2))
+    report = compile_all(jobs, "cuda", threads=threads, deadline=time.time() + PRECOMPILE_S)
+    failures = {(jobs[i][0].name, jobs[i][0].shape_key(jobs[i][1]),
+                 json.dumps(jobs[i][2], sort_keys=True)): why for i, why in report.failures.items()}
+    RESULTS["compile"] = {"jobs": len(jobs), "kernel_warmups": report.compiled, "workers": threads,
+                          "seconds": round(report.seconds, 1), "failures": len(failures),
+                          "skipped": report.skipped}
+    say(f"precompiled {report.compiled} kernel launches of {len(jobs)} (shape, config) jobs with "
+        f"{threads} threads in {report.seconds:.1f} s; {len(failures)} jobs failed to plan/compile, "
+        f"{report.skipped} not started by the deadline")
     for key, why in list(failures.items())[:10]:
         say(f"   compile failure {key}: {why}")
     return failures

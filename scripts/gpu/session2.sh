@@ -3,7 +3,8 @@
 # For each MODEL:BATCH: trace the baseline decode step (tuner ab --trace-only), harvest the
 # graph capture + replay pair, search (SEARCH_S seconds, --graph-captured), rank, export, and
 # tuner ab with that export; with COMPILE_AB=1 also tuner ab --compile (the torch.compile'd step)
-# with the same export (EAGER_AB=0: the compiled A/B only). Usage:
+# with the same export (EAGER_AB=0: the compiled A/B only); SEARCH_NOAHEAD=1 first runs the same
+# search with --compile-threads 0 into another storage (trials per shape, both ways). Usage:
 #   MODELS="qwen3_8b:1 qwen3_8b:32" bash scripts/gpu/session2.sh
 set -u
 cd "$(dirname "$0")/../.."
@@ -38,6 +39,13 @@ for item in ${MODELS:-qwen3_8b:1}; do
   stamp "$model b$batch: harvest"
   timeout 120 python3 -m tuner.cli harvest "$rep" --capture "$cap" -o "$D/shapes.parquet" \
     2>&1 | tail -n 14 | tee -a "$LOG"
+  if [ "${SEARCH_NOAHEAD:-0}" = 1 ]; then  # the same search without compiling ahead: trials per shape
+    stamp "$model b$batch: search $family ${SEARCH_S}s, --compile-threads 0"
+    timeout $((SEARCH_S + 90)) python3 -m tuner.cli search "$D/shapes.parquet" --family "$family" \
+      --graph-captured --timeout "${SEARCH_S}s" --storage "$D/studies_noahead.db" --no-progress \
+      --compile-threads 0 --device artifacts/devices/nvidia-h200.json > "$D/search_noahead.log" 2>&1
+    echo "search rc=$?" | tee -a "$LOG"; tail -n 8 "$D/search_noahead.log" | tee -a "$LOG"
+  fi
   stamp "$model b$batch: search $family ${SEARCH_S}s"
   timeout $((SEARCH_S + 90)) python3 -m tuner.cli search "$D/shapes.parquet" --family "$family" \
     --graph-captured --timeout "${SEARCH_S}s" --storage "$D/studies.db" --no-progress \

@@ -39,6 +39,10 @@ def _add_search(sub) -> None:
     p.add_argument("--trial-timeout", metavar="DURATION", default="10m",
                    help="a trial (compile + parity + timing) running longer hangs: its worker is "
                    "killed and restarted (default 10m)")
+    p.add_argument("--compile-threads", type=int, metavar="N",
+                   help="threads per worker compiling the queued configs (default, known, "
+                   "startup) ahead of their trials; 0: off (default: the cores left after one per "
+                   "worker, at most 8)")
     p.add_argument("--heartbeat", type=int, default=10, metavar="S",
                    help="Optuna heartbeat interval in seconds (default 10)")
     p.add_argument("--grace", type=int, default=60, metavar="S",
@@ -62,7 +66,8 @@ def cmd_search(args) -> int:
         parity_margin=args.parity_margin,
         trial_timeout_s=parse_duration(args.trial_timeout),
         objective_factory=args.objective, progress=not args.no_progress,
-        heartbeat_s=args.heartbeat, grace_s=args.grace, graph_captured=args.graph_captured)
+        heartbeat_s=args.heartbeat, grace_s=args.grace, graph_captured=args.graph_captured,
+        compile_threads=args.compile_threads)
     print(search.format_summary(summary))
     if summary.interrupted:
         return 130

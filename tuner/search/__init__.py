@@ -26,7 +26,8 @@ from .claims import (CLAIM_WAIT_S, MAX_DEATHS_PER_CONFIG, MAX_SAMPLER_REPEATS, R
 from .objective import (GpuObjective, Objective, ObjectiveFactory, TrialResult, gpu_objective,
                         resolve_factory)
 from .planning import (DEFAULT_STORAGE, DEFAULT_TRIALS, PARITY_MODES, LaunchBound, SearchSettings,
-                       StudyPlan, backend_of, config_key, judge, launch_bound, make_plan,
+                       StudyPlan, backend_of, config_key, judge, known_params, launch_bound,
+                       make_plan,
                        plan_shapes, plan_studies, share_seconds, share_time, study_name,
                        study_plans, valid_params)
 from .samplers import (CONSTRAINT_KEYS, SAMPLERS, check_sampler, make_sampler, n_startup,
@@ -43,7 +44,8 @@ __all__ = [
     "Objective", "ObjectiveFactory", "PARITY_MODES", "RETRYABLE_PREFIXES", "SAMPLERS", "SKIPPED",
     "SearchSettings", "SearchSummary", "ShapeResult", "StudyPlan", "StudyState", "TrialResult",
     "backend_of", "check_sampler", "config_key", "fail_orphans", "format_summary", "gpu_objective",
-    "have_gpu", "judge", "launch_bound", "make_plan", "make_sampler", "make_storage", "n_startup",
+    "have_gpu", "judge", "known_params", "launch_bound", "make_plan", "make_sampler",
+    "make_storage", "n_startup",
     "parse_gpus", "plain", "plan_shapes", "plan_studies", "prepare_studies",
     "problem", "read_state", "record_result", "require_gpu", "resolve_factory", "run_search",
     "run_trial", "search", "set_constraints", "share_seconds", "share_time", "startup_configs",

@@ -13,7 +13,8 @@ proposed. "Earlier" is (``datetime_start``, number); with several hosts it is as
 clocks. The seven rules, each implemented once, here:
 
 1. **Queue seeding** (`seed_queue`): a new study's queue gets the default config first
-   (``role: default``), then the sampler's startup configs (grid: every valid config). Only the
+   (``role: default``), then the family's known configs (``role: known``, kernels/candidates.py),
+   then the sampler's startup configs (grid: every other valid config). Only the
    supervisor that created the study seeds it; another one waits for the ``queue_seeded`` study
    attr (while the queue keeps growing, or at most SEED_WAIT_S after it stopped growing: then
    the creator died, and it enqueues what is missing itself). Enqueued params that the
@@ -62,12 +63,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .planning import StudyPlan, config_key, full_config
+from .planning import StudyPlan, config_key, full_config, known_params
 from .samplers import constraints_from_attrs, is_feasible, set_constraints, startup_configs
 
 __all__ = ["CLAIM_WAIT_S", "Ending", "MAX_DEATHS_PER_CONFIG", "MAX_SAMPLER_REPEATS",
            "NO_GPU_KINDS", "ORPHAN", "QUEUE_SEEDED", "RETRYABLE_PREFIXES", "SEED_WAIT_S", "SKIPPED",
-           "StudyState", "check_trial_cap", "enqueue_unexplored", "fail_orphans", "fail_trial",
+           "StudyState", "check_trial_cap", "enqueue_unexplored", "fail_orphans", "queued_configs", "fail_trial",
            "is_death", "maybe_retry", "read_state", "replay", "retry_stale_trial", "seed_queue",
            "step_aside", "study_done", "taken", "trial_params", "was_enqueued"]
 
@@ -223,6 +224,7 @@ def seed_queue(study, plan: StudyPlan, sampler: str, seed: int | None, *, create
     if (len(default) == len(plan.space.params)
             and all(v in plan.space.params[k] for k, v in default.items())):
         queue.append((default, "default"))
+    queue += [(params, "known") for params in known_params(plan)]
     role = "grid" if sampler == "grid" else "startup"
     queue += [(params, role) for params in startup_configs(plan, sampler, seed)]
     added = 0
@@ -232,6 +234,19 @@ def seed_queue(study, plan: StudyPlan, sampler: str, seed: int | None, *, create
             added += 1
     study.set_user_attr(QUEUE_SEEDED, True)
     return added
+
+
+def queued_configs(study, plan: StudyPlan) -> list[dict]:
+    """The full configs of the study's WAITING (queued) trials, in queue order: what its workers
+    measure next (a worker compiles them ahead, tuner.precompile)."""
+    from optuna.trial import TrialState
+
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        params = t.system_attrs.get("fixed_params") or {}
+        if params:
+            out.append(full_config(plan.default_config, dict(params)))
+    return out
 
 
 # ------------------------------------------------------------- 2, 3. replay and step aside

@@ -28,8 +28,8 @@ from ..errors import TunerError, warn
 from ..parity import DEFAULT_GATE, DEFAULT_MARGIN, GATES
 
 __all__ = ["DEFAULT_STORAGE", "DEFAULT_TRIALS", "LaunchBound", "PARITY_MODES", "SearchSettings",
-           "StudyPlan", "backend_of", "config_key", "full_config", "judge", "launch_bound",
-           "make_plan", "plan_shapes", "plan_studies", "share_seconds", "share_time",
+           "StudyPlan", "backend_of", "config_key", "full_config", "judge", "known_params",
+           "launch_bound", "make_plan", "plan_shapes", "plan_studies", "share_seconds", "share_time",
            "study_name", "study_plans", "valid_params"]
 
 DEFAULT_STORAGE = "sqlite:///artifacts/studies.db"
@@ -51,6 +51,7 @@ class StudyPlan:
     default_config: dict
     weight: float  # headroom µs per token: the share of the time budget
     valid_keys: tuple[str, ...]  # every config the space allows, as config_key strings
+    known_keys: tuple[str, ...] = ()  # kernels.candidates' configs the space allows (queued first)
     parity_mode: str = DEFAULT_GATE  # the gate that makes a trial feasible (tuner.parity)
     attrs: dict = field(default_factory=dict)  # calls_per_step, step_us, step_basis, hit_rate, ...
     parity_margin: float = DEFAULT_MARGIN
@@ -74,6 +75,8 @@ class SearchSettings:
     objective: Any = None  # ObjectiveFactory, "module:function", or None (GPU)
     progress: bool = True
     slice_s: float | None = None  # a worker re-picks its study this often (None: from the timeout)
+    compile_threads: int | None = None  # per worker, compiling queued configs ahead (0: off;
+    # None: tuner.precompile.auto_threads for the GPU objective, off for a test's objective)
 
 
 def config_key(config: dict) -> str:
@@ -99,12 +102,20 @@ def valid_params(plan: StudyPlan) -> list[dict]:
     return [{k: c[k] for k in plan.space.params} for c in map(json.loads, plan.valid_keys)]
 
 
+def known_params(plan: StudyPlan) -> list[dict]:
+    """The plan's known configs (kernels/candidates.py), as the searched parameters only."""
+    return [{k: c[k] for k in plan.space.params} for c in map(json.loads, plan.known_keys)]
+
+
 def make_plan(*, family: str, shape: dict, shape_key: str, device_key: str, backend: str, space,
               default_config: dict, weight: float, parity_mode: str = DEFAULT_GATE,
-              attrs: dict | None = None, parity_margin: float = DEFAULT_MARGIN) -> StudyPlan:
+              attrs: dict | None = None, parity_margin: float = DEFAULT_MARGIN,
+              known_configs: Sequence[dict] = ()) -> StudyPlan:
     """A plan for one shape; checks the space and the default config. Under the `kernel` gate
     only configs that can pass are searched: the space's order parameters stay at the default
-    config's values (its output class, as far as the space declares)."""
+    config's values (its output class, as far as the space declares). `known_configs`
+    (partial configs, kernels.candidates) become the plan's known configs where the space allows
+    them."""
     default = dict(default_config)
     if parity_mode == "kernel":
         space = space.within_class_of(default)
@@ -121,6 +132,8 @@ def make_plan(*, family: str, shape: dict, shape_key: str, device_key: str, back
                      space=space, default_config=default,
                      weight=float(weight) if weight and math.isfinite(weight) and weight > 0 else 0.0,
                      valid_keys=tuple(config_key(full_config(default, c)) for c in valid),
+                     known_keys=tuple(config_key(full_config(default, c))
+                                      for c in space.known(list(known_configs), shape, default)),
                      parity_mode=parity_mode, attrs=dict(attrs or {}),
                      parity_margin=float(parity_margin))
 
@@ -200,6 +213,7 @@ def study_plans(planned, family: str, profile, *, device_key: str | None = None,
     """A StudyPlan per planned shape (`plan_shapes`), named for `device_key` (default: the
     profile's); shapes without any valid config come back as skipped."""
     from kernels import get_family
+    from kernels.candidates import candidate_configs
     from tuner import spaces
 
     fam = get_family(family)
@@ -214,6 +228,7 @@ def study_plans(planned, family: str, profile, *, device_key: str | None = None,
         plan = make_plan(family=family, shape=shape, shape_key=r.shape_key, device_key=dkey,
                          backend=backend, space=space, default_config=dict(default),
                          weight=float(r.weight), parity_mode=parity_mode,
+                         known_configs=candidate_configs(family, shape, backend, sm_count),
                          parity_margin=parity_margin, attrs={"calls_per_step": float(r.calls_per_step),
                                 "step_us": float(r.step_us), "step_basis": str(r.step_basis),
                                 "hit_rate": float(r.hit_rate), "phase": str(r.phase),

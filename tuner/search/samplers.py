@@ -2,6 +2,9 @@
 
 Every kernel parameter is a list of choices (per-parameter ``suggest_categorical``), so:
 
+Every study's queue starts with the default config and the family's known configs
+(kernels/candidates.py: measured winners and their neighbours), whatever the sampler.
+
 - ``tpe`` (default): multivariate TPE with ``constant_liar`` (parallel workers on one study do not
   all propose the same point); its startup trials are random *valid* configs from the queue
   (`startup_configs`), since its own random startup would mostly propose combinations the space's
@@ -23,7 +26,7 @@ from __future__ import annotations
 import random
 
 from ..errors import TunerError
-from .planning import StudyPlan, valid_params
+from .planning import StudyPlan, known_params, valid_params
 
 __all__ = ["CONSTRAINT_KEYS", "SAMPLERS", "check_sampler",
            "constraints_from_attrs", "is_feasible", "make_sampler", "n_startup",
@@ -48,11 +51,13 @@ def n_startup(n_valid: int) -> int:
 
 
 def startup_configs(plan: StudyPlan, sampler: str, seed: int | None) -> list[dict]:
-    """What a new study's queue holds after the default config: random valid configs for the
-    startup phase of tpe / gp, every other valid config (seeded shuffle) for grid, nothing for
-    random. Params only (the searched parameters)."""
+    """What a new study's queue holds after the default config and the known configs
+    (`known_params`, every sampler): random valid configs for the startup phase of tpe / gp,
+    every other valid config (seeded shuffle) for grid, nothing for random. Params only (the
+    searched parameters)."""
     default = {k: plan.default_config.get(k) for k in plan.space.params}
-    rest = [c for c in valid_params(plan) if c != default]
+    known = known_params(plan)
+    rest = [c for c in valid_params(plan) if c != default and c not in known]
     random.Random(f"{seed}:{plan.study_name}").shuffle(rest)
     if sampler == "grid":
         return rest

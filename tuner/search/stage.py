@@ -95,7 +95,8 @@ def search(shapes_path: str | Path, family: str, *, device=None, storage: str | 
            sampler: str = "tpe", threshold=None, seed: int = 0, parity_mode: str = "accuracy",
            trial_timeout_s: float = 600.0, objective_factory: ObjectiveFactory | str | None = None,
            progress: bool = True, heartbeat_s: int = 10, grace_s: int = 60,
-           graph_captured: bool = False, parity_margin: float = 1.25) -> SearchSummary:
+           graph_captured: bool = False, parity_margin: float = 1.25,
+           compile_threads: int | None = None) -> SearchSummary:
     """`tuner search`: budget the shape table, then search every surviving shape.
 
     `device`: a DeviceProfile, a profile name/path, or None (tuner.device.choose_profile).
@@ -110,6 +111,8 @@ def search(shapes_path: str | Path, family: str, *, device=None, storage: str | 
 
     check_sampler(sampler)
     parity_mode = resolve_gate(parity_mode, quiet=True)
+    if compile_threads is not None and compile_threads < 0:
+        raise TunerError(f"--compile-threads must be 0 (off) or more, got {compile_threads}")
     if not parity_margin >= 1.0:
         raise TunerError(f"--parity-margin must be at least 1, got {parity_margin}")
     if trials is not None and trials < 1:
@@ -144,7 +147,8 @@ def search(shapes_path: str | Path, family: str, *, device=None, storage: str | 
     settings = SearchSettings(storage=storage_url(storage, DEFAULT_STORAGE), sampler=sampler,
                               trials=trials, timeout_s=timeout_s, gpus=gpus, seed=seed,
                               trial_timeout_s=trial_timeout_s, heartbeat_s=heartbeat_s,
-                              grace_s=grace_s, objective=objective_factory, progress=progress)
+                              grace_s=grace_s, objective=objective_factory, progress=progress,
+                              compile_threads=compile_threads)
     if settings.objective is None:
         check_gpu_stack(family)
     workers = len(gpus) if gpus else max(1, len(visible_gpus()))
@@ -152,5 +156,5 @@ def search(shapes_path: str | Path, family: str, *, device=None, storage: str | 
     for plan in sorted(plans, key=lambda p: -p.weight):
         share = f", ~{shares[plan.study_name]:.0f} GPU-s" if shares else ""
         info(f"plan {plan.study_name}: {plan.weight:.3g} us/token headroom{share}, "
-             f"{plan.n_valid} valid configs")
+             f"{plan.n_valid} valid configs, {len(plan.known_keys)} known ones queued first")
     return run_search(plans, settings, skipped)

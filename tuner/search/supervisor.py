@@ -130,6 +130,11 @@ def run_search(plans: list[StudyPlan], settings: SearchSettings,
         require_gpu()
     gpus = list(settings.gpus) if settings.gpus else (visible_gpus() if settings.objective is None
                                                       else ["0"])
+    if settings.compile_threads is None:  # the GPU objective compiles; a test's does not
+        from ..precompile import auto_threads
+
+        settings = dataclasses.replace(
+            settings, compile_threads=auto_threads(len(gpus)) if settings.objective is None else 0)
     started = time.time()
     deadline = started + settings.timeout_s if settings.timeout_s else None
     prepare_studies(plans, settings)

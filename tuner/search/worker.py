@@ -16,6 +16,7 @@ Messages to the supervisor are the dataclasses below, sent over a one-way pipe.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -267,7 +268,6 @@ def _loop(args: WorkerArgs, conn, stop_event) -> None:
     import warnings
 
     import optuna
-    from optuna.storages import fail_stale_trials
 
     # study.ask() warns, once per trial, that a heartbeat storage is meant for Study.optimize;
     # this loop runs the heartbeat itself (`Heartbeat`, as optimize does), so the warning is noise
@@ -276,11 +276,41 @@ def _loop(args: WorkerArgs, conn, stop_event) -> None:
     settings = args.settings
     storage = make_storage(settings.storage, settings.heartbeat_s, settings.grace_s)
     factory = resolve_factory(settings.objective)
-    objectives: dict[str, Objective] = {}
     studies = {p.study_name: optuna.load_study(
         study_name=p.study_name, storage=storage,
         sampler=make_sampler(settings.sampler, args.seed, p.n_valid, valid_params(p)))
         for p in args.plans}
+    ahead = _compile_ahead(args, studies)
+    try:
+        _trials(args, conn, stop_event, factory, studies)
+    finally:
+        if ahead is not None:
+            ahead.close()
+
+
+def _compile_ahead(args: WorkerArgs, studies: dict):
+    """Start compiling every study's queued configs in the background (tuner.precompile), the
+    studies' first configs first; None when compile threads are off."""
+    threads = int(args.settings.compile_threads or 0)
+    if threads <= 0 or not args.plans:
+        return None
+    from kernels import get_family
+
+    from ..precompile import CompileAhead
+
+    backend = "hip" if args.plans[0].backend in ("hip", "dcu") else "cuda"
+    queues = [[(get_family(p.family), p.shape, c)
+               for c in claims.queued_configs(studies[p.study_name], p)] for p in args.plans]
+    ahead = CompileAhead(backend, threads)
+    ahead.submit([job for round_ in itertools.zip_longest(*queues) for job in round_ if job])
+    return ahead
+
+
+def _trials(args: WorkerArgs, conn, stop_event, factory, studies: dict) -> None:
+    from optuna.storages import fail_stale_trials
+
+    settings = args.settings
+    objectives: dict[str, Objective] = {}
     streak: dict[str, int] = {}  # trials in a row that spent no GPU time, per study
     rng = random.Random(args.seed)
     plan, state, slice_end = None, None, 0.0
