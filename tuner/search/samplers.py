@@ -73,13 +73,17 @@ def make_sampler(name: str, seed: int | None, n_valid: int, valid: list[dict] | 
     check_sampler(name)
     legacy = not hasattr(optuna.trial.Trial, "set_constraint")
     cfunc = {"constraints_func": constraints_from_attrs} if legacy else {}
+    # Optuna 4.9 deprecated the independent-sampling warning (and warns that it did when the
+    # flag is passed); older versions warn on every fallback unless it is off
+    version = tuple(int(p) for p in optuna.__version__.split(".")[:2] if p.isdigit())
+    if version < (4, 9):
+        cfunc["warn_independent_sampling"] = False
     if name == "tpe":
         return optuna.samplers.TPESampler(
             seed=seed, multivariate=True, constant_liar=True,
-            n_startup_trials=n_startup(n_valid), warn_independent_sampling=False, **cfunc)
+            n_startup_trials=n_startup(n_valid), **cfunc)
     if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup(n_valid),
-                                         warn_independent_sampling=False, **cfunc)
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup(n_valid), **cfunc)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     return queue_sampler(seed, list(valid or []))
