@@ -40,16 +40,17 @@ _TORCH_SDPA = torch.nn.functional.scaled_dot_product_attention
 
 @triton.jit
 def decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, m_ptr, l_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, m_ptr, l_ptr, mask_ptr,
     kv_len, group, tiles_per_split, qk_scale,
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_os,
     stride_mb, stride_mh,
+    stride_xb, stride_xh, stride_xn,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HEADS_PER_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, PARTIALS: tl.constexpr,
+    BLOCK_N: tl.constexpr, PARTIALS: tl.constexpr, MASK: tl.constexpr = 0,
 ):
     """grid = (heads // HEADS_PER_BLOCK, batch, number of KV splits).
 
@@ -57,6 +58,9 @@ def decode_attention_kernel(
     the fp32 partial acc [batch, heads, SPLIT_KV, head_dim] and m / l the fp32 [batch, heads,
     SPLIT_KV] running max (log2 domain) and sum. The split count is a runtime value (grid axis 2),
     so different SPLIT_KV values share one compiled kernel.
+
+    MASK (SDPA's attn_mask, read through strides x: batch, query head, key; 0 for a broadcast
+    dimension): 0 none, 1 boolean (True: attend), 2 additive (added to the scaled scores).
     """
     head_block = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -89,6 +93,15 @@ def decode_attention_kernel(
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :],
                     mask=mask_n[:, None] & mask_d[None, :], other=0.0)
         qk = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_H, BLOCK_N], log2 domain
+        if MASK != 0:
+            x_ptrs = (mask_ptr + b * stride_xb + heads[:, None] * stride_xh
+                      + offs_n[None, :] * stride_xn)
+            x_ok = mask_h[:, None] & mask_n[None, :]
+            if MASK == 1:
+                keep = tl.load(x_ptrs, mask=x_ok, other=0) != 0
+                qk = tl.where(keep, qk, float("-inf"))
+            else:
+                qk += tl.load(x_ptrs, mask=x_ok, other=0.0).to(tl.float32) * 1.4426950408889634
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked tile
@@ -200,17 +213,21 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     tiles_per_split = triton.cdiv(total_tiles, split_kv)
     num_splits = triton.cdiv(total_tiles, tiles_per_split)  # every launched split has KV to read
     block_d = pow2_at_least(head_dim)
-    qk_scale = LOG2E / math.sqrt(head_dim)
+    scale = inputs.get("scale")
+    qk_scale = LOG2E * (float(scale) if scale is not None else 1.0 / math.sqrt(head_dim))
     opts = launch_options(config, backend or tensor_backend(q))
     grid = (heads // heads_per_block, batch, num_splits)
+    mask, mask_kind, mask_strides = _mask_view(inputs.get("mask"), batch, heads, kv_len)
     meta = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HEADS_PER_BLOCK=heads_per_block,
                 BLOCK_H=max(16, pow2_at_least(heads_per_block)), BLOCK_N=block_n,
-                PARTIALS=split_kv > 1)
+                PARTIALS=split_kv > 1, MASK=mask_kind)
+    mask_arg = mask if mask is not None else q
     qkv = (kv_len, group, tiles_per_split, qk_scale, q.stride(0), q.stride(1),
            k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
 
     if split_kv == 1:
-        args = (q, k, v, out, out, out, *qkv, out.stride(0), out.stride(1), 0, 0, 0)
+        args = (q, k, v, out, out, out, mask_arg, *qkv, out.stride(0), out.stride(1), 0, 0, 0,
+                *mask_strides)
         return out, [KernelCall(decode_attention_kernel, grid, args, meta, opts)]
 
     part_acc = torch.empty((batch, heads, split_kv, head_dim), device=q.device, dtype=torch.float32)
@@ -218,13 +235,38 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     part_l = torch.empty((batch, heads, split_kv), device=q.device, dtype=torch.float32)
     acc_strides = (part_acc.stride(0), part_acc.stride(1), part_acc.stride(2))
     ml_strides = (part_m.stride(0), part_m.stride(1))
-    args = (q, k, v, part_acc, part_m, part_l, *qkv, *acc_strides, *ml_strides)
+    args = (q, k, v, part_acc, part_m, part_l, mask_arg, *qkv, *acc_strides, *ml_strides,
+            *mask_strides)
     combine_args = (part_acc, part_m, part_l, out, num_splits, *acc_strides, *ml_strides,
                     out.stride(0), out.stride(1))
     combine = KernelCall(combine_kernel, (heads, batch), combine_args,
                          dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=pow2_at_least(split_kv)),
                          {"num_warps": 4})
     return out, [KernelCall(decode_attention_kernel, grid, args, meta, opts), combine]
+
+
+def _mask_view(mask, batch: int, heads: int, kv_len: int):
+    """SDPA's attn_mask for one query token ([b|1, h|1, 1, kv_len], or [b|1, h|1, kv_len]) as the
+    kernel reads it: (tensor, kind, strides over batch / query head / key, 0 where broadcast).
+    kind 0: no mask, 1: boolean (True attends), 2: additive."""
+    if mask is None:
+        return None, 0, (0, 0, 0)
+    if mask.dim() == 4:
+        if mask.shape[2] != 1:
+            raise ValueError(f"attention: a decode mask has one query row, not {tuple(mask.shape)}")
+        mask = mask[:, :, 0]
+    if (mask.dim() != 3 or mask.shape[0] not in (1, batch) or mask.shape[1] not in (1, heads)
+            or mask.shape[2] != kv_len):
+        raise ValueError(f"attention: mask {tuple(mask.shape)} does not broadcast to "
+                         f"[{batch}, {heads}, 1, {kv_len}]")
+    if mask.dtype == torch.bool:
+        mask, kind = mask.view(torch.uint8), 1
+    elif mask.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        kind = 2
+    else:
+        raise ValueError(f"attention: mask dtype {mask.dtype} is neither bool nor floating")
+    strides = tuple(0 if mask.shape[i] == 1 else mask.stride(i) for i in range(3))
+    return mask, kind, strides
 
 
 def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -260,19 +302,32 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
 
 def baseline(inputs: dict) -> torch.Tensor:
     """torch's scaled_dot_product_attention (its default backend choice) with enable_gqa: torch's
-    own function, as taken when this module was imported (tuner.serving may route the name)."""
+    own function, as taken when this module was imported (tuner.serving may route the name).
+    An optional ``mask`` (SDPA's attn_mask) and ``scale`` in `inputs` are passed on."""
     q = inputs["q"].unsqueeze(2)
-    out = _TORCH_SDPA(q, inputs["k"], inputs["v"], enable_gqa=True)
+    mask = inputs.get("mask")
+    if mask is not None and mask.dim() == 3:
+        mask = mask.unsqueeze(2)
+    out = _TORCH_SDPA(q, inputs["k"], inputs["v"], attn_mask=mask, scale=inputs.get("scale"),
+                      enable_gqa=True)
     return out.squeeze(2)
 
 
 def reference(inputs: dict) -> torch.Tensor:
-    """fp32 softmax(q kᵀ / sqrt(d)) v, KV heads repeated for their query heads."""
+    """fp32 softmax(q kᵀ · scale + mask) v (scale 1 / sqrt(d) unless given), KV heads repeated
+    for their query heads."""
     q, k, v = inputs["q"].float(), inputs["k"].float(), inputs["v"].float()
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("bhd,bhnd->bhn", q, k) / math.sqrt(q.shape[-1])
+    scale = inputs.get("scale")
+    scores = torch.einsum("bhd,bhnd->bhn", q, k) * (
+        float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    mask = inputs.get("mask")
+    if mask is not None:
+        mask = mask[:, :, 0] if mask.dim() == 4 else mask
+        scores = (scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool
+                  else scores + mask.float())
     return torch.einsum("bhn,bhnd->bhd", torch.softmax(scores, dim=-1), v)
 
 

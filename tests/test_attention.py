@@ -149,3 +149,43 @@ def test_real_decode_rows_group_of_seven():
     inputs = attention.make_inputs(shape, "cpu", seed=3)
     out = attention.launch(inputs, {"HEADS_PER_BLOCK": 7, "BLOCK_N": 64, "SPLIT_KV": 2})
     assert rel_err(out, attention.reference(inputs)) < TOLERANCE["bfloat16"]
+
+
+@pytest.mark.parametrize("hpb,split", [(2, 1), (1, 2)])
+def test_a_mask_of_the_query_row_and_a_scale_give_sdpas_result(hpb, split):
+    """A static KV cache's decode call: boolean (True attends) or additive mask over the cache
+    positions, broadcast over heads, and SDPA's explicit scale; split KV included. The error
+    against the fp32 reference is torch's."""
+    shape = {"batch": 3, "heads": 4, "kv_heads": 2, "kv_len": 40, "head_dim": 32,
+             "dtype": "bfloat16"}
+    inputs = attention.make_inputs(shape, "cpu", seed=3)
+    lengths = torch.tensor([40, 17, 5])
+    keep = (torch.arange(40)[None, :] < lengths[:, None])[:, None, None, :]
+    additive = torch.where(keep, 0.0, -1e4).to(torch.bfloat16)
+    config = {"HEADS_PER_BLOCK": hpb, "BLOCK_N": 16, "SPLIT_KV": split, "num_warps": 4,
+              "num_stages": 1}
+    for mask in (keep, additive):
+        for scale in (None, 0.3):
+            x = dict(inputs, mask=mask, scale=scale)
+            ref = attention.reference(x)
+            ours = (attention.launch(x, config).float() - ref).abs().max().item()
+            torch_err = (attention.baseline(x).float() - ref).abs().max().item()
+            assert ours <= 1.5 * torch_err + 1e-3, (mask.dtype, scale, ours, torch_err)
+    # the short sequence ignores what its mask hides: other values there change nothing
+    x = dict(inputs, mask=keep)
+    before = attention.launch(x, config)
+    k2 = inputs["k"].clone()
+    k2[2, :, 5:] = 100.0
+    after = attention.launch(dict(x, k=k2), config)
+    assert torch.equal(before[2], after[2])
+
+
+def test_a_mask_that_does_not_fit_one_query_row_is_refused():
+    shape = {"batch": 2, "heads": 4, "kv_heads": 2, "kv_len": 16, "head_dim": 32,
+             "dtype": "bfloat16"}
+    inputs = attention.make_inputs(shape, "cpu", seed=0)
+    config = attention.default_config(shape)
+    with pytest.raises(ValueError, match="one query row"):
+        attention.launch_plan(dict(inputs, mask=torch.ones(2, 1, 2, 16, dtype=torch.bool)), config)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        attention.launch_plan(dict(inputs, mask=torch.ones(2, 1, 1, 15, dtype=torch.bool)), config)

@@ -218,3 +218,29 @@ def test_install_refuses_unknown_families(device):
 
     with pytest.raises(TunerError, match="unknown families"):
         serving.install(model, families=("gemv", "conv"))
+
+
+def test_a_static_cache_decode_call_with_a_mask_and_a_scale_runs_the_attention_kernel(device):
+    """transformers' SDPA attention over a StaticCache passes the unfilled positions as a mask of
+    the one query row and its scale explicitly: such a call goes to the tuned kernel and matches
+    torch's SDPA with the same mask; a causal or multi-row call stays on torch's SDPA."""
+    model, (x, k, v) = make_model_and_inputs()
+    write_export(device, model_shapes())
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(BATCH, HEADS, 1, HEAD_DIM, generator=g).to(torch.bfloat16)
+    lengths = torch.arange(BATCH) % KV_LEN + 1
+    keep = (torch.arange(KV_LEN)[None, :] < lengths[:, None])[:, None, None, :]
+    additive = torch.where(keep, 0.0, torch.finfo(torch.bfloat16).min).to(torch.bfloat16)
+    scale = HEAD_DIM ** -0.5
+    with serving.installed(model, export_dir=device / "nvidia-h200") as handle:
+        outs = [F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                               enable_gqa=True) for mask in (keep, additive)]
+        hits = sum(handle.hits()["attention"].values())
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        rows = torch.ones(BATCH, 1, 2, KV_LEN, dtype=torch.bool)
+        F.scaled_dot_product_attention(q.expand(-1, -1, 2, -1), k, v, attn_mask=rows,
+                                       enable_gqa=True)
+        assert sum(handle.hits()["attention"].values()) == hits == 2
+    for mask, out in zip((keep, additive), outs):
+        expected = serving._SDPA(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        assert rel_err(out, expected) < 2e-2

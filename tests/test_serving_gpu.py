@@ -131,33 +131,55 @@ import torch.nn.functional as F
 from torch import nn
 from tuner import runtime, serving
 from test_serving import write_export
+req = json.loads(sys.argv[3])
+b, h, kvh, n = req["batch"], req["heads"], req["kv_heads"], req["kv_len"]
 ident = runtime.current_identity()
-shape = {"batch": 8, "heads": 32, "kv_heads": 8, "kv_len": 4096, "head_dim": 128, "dtype": "bfloat16"}
+shape = {"batch": b, "heads": h, "kv_heads": kvh, "kv_len": n, "head_dim": 128, "dtype": "bfloat16"}
 write_export(sys.argv[2], [["attention", shape]], identity=ident)
-q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
-k = torch.randn(8, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
+q = torch.randn(b, h, 1, 128, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(b, kvh, n, 128, device="cuda", dtype=torch.bfloat16)
 v = torch.randn_like(k)
+kw = {"enable_gqa": kvh != h}
+if req["masked"]:  # a static KV cache: positions past each sequence's length are masked
+    lengths = torch.arange(b, device="cuda") % (n // 2) + n // 2
+    mask = (torch.arange(n, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
+    kw.update(attn_mask=mask, scale=128 ** -0.5)
 model = nn.Identity()
-eager = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-with serving.installed(model, export_dir=sys.argv[2] + "/" + ident["key"], families=("attention",)) as h:
-    step = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    h.warmup(step)
+eager = F.scaled_dot_product_attention(q, k, v, **kw)
+with serving.installed(model, export_dir=sys.argv[2] + "/" + ident["key"], families=("attention",)) as hd:
+    step = lambda: F.scaled_dot_product_attention(q, k, v, **kw)
+    hd.warmup(step)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = step()
-    hits = h.hits()
+    hits = hd.hits()
 for _ in range(200):
     graph.replay()
 torch.cuda.synchronize()
-print(json.dumps({"hits": hits, "rel_err": float((out.float() - eager.float()).norm() / eager.float().norm())}))
+result = {"hits": hits, "rel_err": float((out.float() - eager.float()).norm() / eager.float().norm())}
+if req["masked"]:  # the next step: one more position valid in place, replayed, against eager SDPA
+    kw["attn_mask"][:, :, :, : n - 1] = True
+    graph.replay()
+    torch.cuda.synchronize()
+    fresh = F.scaled_dot_product_attention(q, k, v, **kw)
+    result["rel_err_next"] = float((out.float() - fresh.float()).norm() / fresh.float().norm())
+print(json.dumps(result))
 '''
 
 
-def test_decode_attention_captures_and_replays(tmp_path):
+@pytest.mark.parametrize("case", [
+    {"batch": 8, "heads": 32, "kv_heads": 8, "kv_len": 4096, "masked": False},
+    # transformers over a StaticCache (tuner ab): KV repeated to 32 heads, a bool mask, a scale
+    {"batch": 32, "heads": 32, "kv_heads": 32, "kv_len": 162, "masked": True},
+], ids=["gqa", "static_cache_mask"])
+def test_decode_attention_captures_and_replays(tmp_path, case):
     _gpu_or_skip()
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", ATTENTION_CHILD, str(ROOT), str(tmp_path / "e")],
+    proc = subprocess.run([sys.executable, "-c", ATTENTION_CHILD, str(ROOT), str(tmp_path / "e"),
+                           json.dumps(case)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(result["hits"]["attention"]) == 1 and result["rel_err"] < 2e-2, result
+    if case["masked"]:
+        assert result["rel_err_next"] < 2e-2, result

@@ -13,8 +13,9 @@ torch.library when this module is imported (with fake implementations, so a mode
 - ``torch.ops.tuner.linear(x, weight, bias)``: x[..., k] with at most 8 rows runs the gemv
   family, more rows the gemm family (layout NT), with the exported config of that shape (exact,
   else nearest m: tuner.runtime);
-- ``torch.ops.tuner.decode_attention(q, k, v)``: one query token per sequence over a KV cache
-  (GQA), with the attention family's exported config (exact, else nearest kv_len).
+- ``torch.ops.tuner.decode_attention(q, k, v, mask, scale)``: one query token per sequence over a
+  KV cache (GQA; an optional boolean or additive mask of that query row and SDPA's scale), with
+  the attention family's exported config (exact, else nearest kv_len).
 
 A shape without an exported entry runs the baseline path (torch's linear / SDPA): only a
 measured, ranked and exported config is trusted to beat what serving runs today. The serving path
@@ -28,9 +29,10 @@ graph replay no Python runs, so hit counts count eager calls and captures.
 ``forward`` (uninstall deletes it: the class's forward is back, no parameter was touched). With
 "attention" in `families` it also routes ``torch.nn.functional.scaled_dot_product_attention``
 (looked up by name at each call, as transformers' SDPA attention does) while installed: calls
-with one query token, no attention mask and a GQA/MHA layout go to ``tuner.decode_attention``,
-every other call to torch's own SDPA. A decode step over a static KV cache passes a mask (the
-unfilled cache positions), so such calls stay on torch's SDPA.
+with one query token, a GQA/MHA layout, no dropout, not causal and no mask or a mask of that one
+query row ([batch|1, heads|1, 1, kv_len], as a decode step over a static KV cache passes for the
+unfilled cache positions; any scale) go to ``tuner.decode_attention``, every other call to
+torch's own SDPA.
 """
 
 from __future__ import annotations
@@ -151,17 +153,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.reshape(*x.shape[:-1], n)
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
     """One query token per sequence: q [batch, heads, head_dim] (or [batch, heads, 1, head_dim])
-    over k / v [batch, kv_heads, kv_len, head_dim]; returns out shaped like q. The tuned kernel
-    where an exported config exists (exact, else nearest kv_len), torch's SDPA elsewhere."""
+    over k / v [batch, kv_heads, kv_len, head_dim]; returns out shaped like q. `mask`: SDPA's
+    attn_mask for that one query row ([batch|1, heads|1, 1, kv_len], boolean or additive, as a
+    static KV cache needs); `scale`: SDPA's (None: 1 / sqrt(head_dim)). The tuned kernel where an
+    exported config exists (exact, else nearest kv_len), torch's SDPA elsewhere."""
     from kernels import attention
 
     squeeze = q.dim() == 4
     q3 = q.squeeze(2) if squeeze else q
+    inputs = {"q": q3, "k": k, "v": v, "mask": mask, "scale": scale}
 
     def baseline():
-        return attention.baseline({"q": q3, "k": k, "v": v})
+        return attention.baseline(inputs)
 
     if (q.dtype not in DTYPES or not _runs_kernels(q) or k.stride(-1) != 1 or v.stride(-1) != 1
             or q3.dim() != 3 or k.dim() != 4 or q3.shape[1] % k.shape[1]):
@@ -170,8 +176,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
         shape = {"batch": int(q3.shape[0]), "heads": int(q3.shape[1]), "kv_heads": int(k.shape[1]),
                  "kv_len": int(k.shape[2]), "head_dim": int(q3.shape[2]),
                  "dtype": str(q.dtype).removeprefix("torch.")}
-        out = _tuned("attention", shape,
-                     lambda config: attention.launch({"q": q3, "k": k, "v": v}, config), baseline)
+        out = _tuned("attention", shape, lambda config: attention.launch(inputs, config), baseline)
     return out.unsqueeze(2) if squeeze else out
 
 
@@ -188,12 +193,13 @@ def _(x, weight, bias):
 
 
 @torch.library.custom_op("tuner::decode_attention", mutates_args=())
-def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return decode_attention(q, k, v)
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    return decode_attention(q, k, v, mask, scale)
 
 
 @_attention_op.register_fake
-def _(q, k, v):
+def _(q, k, v, mask=None, scale=None):
     return torch.empty_like(q)
 
 
@@ -203,16 +209,29 @@ def _linear_forward(self, x):
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
           enable_gqa=False, **kwargs):
-    """SDPA as installed: a decode call (one query token, no mask, no dropout, default scale)
-    goes to tuner.decode_attention; every other call to torch's own SDPA, unchanged."""
-    decode = (attn_mask is None and dropout_p == 0.0 and scale is None and not kwargs
+    """SDPA as installed: a decode call (one query token, no dropout, not causal, no mask or a
+    mask of that one query row, as a static KV cache passes) goes to tuner.decode_attention;
+    every other call to torch's own SDPA, unchanged."""
+    decode = (dropout_p == 0.0 and not is_causal and not kwargs
               and query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
               and key.shape[1] > 0 and query.shape[1] % key.shape[1] == 0
-              and (enable_gqa or key.shape[1] == query.shape[1]))
+              and (enable_gqa or key.shape[1] == query.shape[1])
+              and _decode_mask(attn_mask, query, key))
     if decode:
-        return torch.ops.tuner.decode_attention(query, key, value)
+        return torch.ops.tuner.decode_attention(
+            query, key, value, attn_mask, None if scale is None else float(scale))
     return _SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                  scale=scale, enable_gqa=enable_gqa, **kwargs)
+
+
+def _decode_mask(mask, query: torch.Tensor, key: torch.Tensor) -> bool:
+    """No mask, or one the decode kernel reads: [batch|1, heads|1, 1, kv_len], bool or floating."""
+    if mask is None:
+        return True
+    return (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[2] == 1
+            and mask.shape[0] in (1, query.shape[0]) and mask.shape[1] in (1, query.shape[1])
+            and mask.shape[3] == key.shape[2] and mask.device == query.device
+            and (mask.dtype == torch.bool or mask.dtype.is_floating_point))
 
 
 # -------------------------------------------------------------------------------- install
