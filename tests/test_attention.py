@@ -189,3 +189,22 @@ def test_a_mask_that_does_not_fit_one_query_row_is_refused():
         attention.launch_plan(dict(inputs, mask=torch.ones(2, 1, 2, 16, dtype=torch.bool)), config)
     with pytest.raises(ValueError, match="does not broadcast"):
         attention.launch_plan(dict(inputs, mask=torch.ones(2, 1, 1, 15, dtype=torch.bool)), config)
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_one_head_per_program_on_the_grouped_cache_equals_the_repeated_cache_bit_for_bit(split):
+    """A config of the repeated-KV shape (heads = kv_heads after repeat_kv: one head per
+    program) on the grouped cache it was repeated from gives the same bytes: tuner.runtime lets
+    such an entry serve the grouped call, without the copy."""
+    shape = {"batch": 2, "heads": 8, "kv_heads": 2, "kv_len": 40, "head_dim": 32,
+             "dtype": "bfloat16"}
+    inputs = attention.make_inputs(shape, "cpu", seed=4)
+    keep = (torch.arange(40)[None, :] < torch.tensor([40, 23])[:, None])[:, None, None, :]
+    grouped = dict(inputs, mask=keep, scale=0.2)
+    repeated = dict(grouped, k=inputs["k"].repeat_interleave(4, dim=1),
+                    v=inputs["v"].repeat_interleave(4, dim=1))
+    config = {"HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "SPLIT_KV": split, "num_warps": 2,
+              "num_stages": 1}
+    out = attention.launch(grouped, config)
+    assert torch.equal(out, attention.launch(repeated, config))
+    assert rel_err(out, attention.reference(grouped)) < TOLERANCE["bfloat16"]

@@ -244,3 +244,157 @@ def test_a_static_cache_decode_call_with_a_mask_and_a_scale_runs_the_attention_k
     for mask, out in zip((keep, additive), outs):
         expected = serving._SDPA(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         assert rel_err(out, expected) < 2e-2
+
+
+class StackedAttention(nn.Module):
+    """Three decode attention calls over static caches with a mask and a scale, as a
+    transformers decoder's layers make them inside one compiled step."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = nn.ModuleList(nn.Linear(HIDDEN, HEADS * HEAD_DIM) for _ in range(3))
+
+    def forward(self, x, k_cache, v_cache, mask):
+        b = x.shape[0]
+        for q_proj in self.q:
+            q = q_proj(x).view(b, 1, HEADS, HEAD_DIM).transpose(1, 2)
+            att = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
+                                                 scale=HEAD_DIM ** -0.5, enable_gqa=True)
+            x = x + att.transpose(1, 2).reshape(b, 1, HEADS * HEAD_DIM)[..., :HIDDEN]
+        return x
+
+
+@pytest.mark.parametrize("exported", [False, True], ids=["attention-miss", "attention-hit"])
+def test_the_compiled_step_compiles_once_per_install_with_attention_routed(device, exported):
+    """Under torch.compile the attention routing decision is a constant of the install: the
+    tuned step compiles once whether the export has the shape or not (no recompile per call,
+    no graph break per layer), and after uninstall the baseline's compiled code runs again.
+    Tracing the export lookup recompiled per layer until Dynamo's limit and left the frame eager
+    in every later arm of `tuner ab --compile` (2026-12-01)."""
+    torch.manual_seed(0)
+    model = StackedAttention().to(torch.bfloat16).eval().requires_grad_(False)
+    _, (x, k, v) = make_model_and_inputs()
+    mask = (torch.arange(KV_LEN) < KV_LEN - 3)[None, None, None, :].expand(BATCH, 1, 1, KV_LEN)
+    att = {"batch": BATCH, "heads": HEADS, "kv_heads": KV_HEADS, "kv_len": KV_LEN,
+           "head_dim": HEAD_DIM, "dtype": "bfloat16"}
+    (device / "nvidia-h200").mkdir(parents=True)
+    if exported:
+        write_export(device, [("attention", att)])
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    step = torch.compile(model, backend=backend, dynamic=False)
+    with torch.no_grad():
+        expected = step(x, k, v, mask)
+        assert len(graphs) == 1
+        with serving.installed(model, export_dir=device / "nvidia-h200",
+                               families=("attention",)) as handle:
+            outs = [step(x, k, v, mask) for _ in range(3)]
+            hits = sum(handle.hits().get("attention", {}).values())
+            misses = sum(handle.misses().get("attention", {}).values())
+        assert len(graphs) == 2  # installing recompiled once, for every call after it
+        ops = [str(n.target) for n in graphs[1].graph.nodes if n.op == "call_function"]
+        assert sum("tuner.decode_attention" in op for op in ops) == (3 if exported else 0)
+        if exported:
+            assert hits == 9 and misses == 0  # the custom op counts each call
+        else:
+            assert hits == 0 and misses == 3  # counted while compiling, once per call site
+        again = step(x, k, v, mask)
+        assert len(graphs) == 2  # uninstalling found the baseline's compiled code
+        with serving.installed(model, export_dir=device / "nvidia-h200", families=("attention",)):
+            assert torch.equal(step(x, k, v, mask), outs[0])
+        assert len(graphs) == 2  # the same export again (tuner ab's profiled capture): no compile
+    assert torch.equal(again, expected)
+    for out in outs:
+        assert rel_err(out, expected) < 2e-2
+    torch._dynamo.reset()
+
+
+def test_a_grouped_call_takes_the_entry_of_its_repeated_kv_form(device):
+    """A baseline trace of a transformers model records decode SDPA after repeat_kv (kv_heads =
+    heads); its entry (one head per program) serves the grouped call on the cache itself. An
+    entry of the grouped shape itself comes first."""
+    repeated = {"batch": BATCH, "heads": HEADS, "kv_heads": HEADS, "kv_len": KV_LEN,
+                "head_dim": HEAD_DIM, "dtype": "bfloat16"}
+    grouped = dict(repeated, kv_heads=KV_HEADS)
+    one_head = {"HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "SPLIT_KV": 1, "num_warps": 2,
+                "num_stages": 1}
+    write_export(device, [("attention", repeated, one_head)])
+    os_env = {"TUNER_EXPORT_DIR": str(device / "nvidia-h200")}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in os_env.items():
+            mp.setenv(k, v)
+        runtime.reset()
+        config, key = runtime.resolve("attention", grouped)
+        assert config == one_head and key == get_family("attention").shape_key(repeated)
+        assert runtime.resolve("attention", dict(grouped, heads=2 * HEADS))[0] is None
+        two_heads = dict(one_head, HEADS_PER_BLOCK=2)
+        write_export(device, [("attention", repeated, one_head), ("attention", grouped, two_heads)])
+        runtime.reset()
+        assert runtime.resolve("attention", grouped)[0] == two_heads
+
+
+def test_a_transformers_decode_step_runs_attention_on_the_grouped_cache(device, tmp_path):
+    """transformers' "sdpa" attention function, taken while installed: the compiled decode step
+    of a small Llama (grouped heads, static cache) calls tuner.decode_attention on the cache
+    itself (no repeat_kv copy) with the entry of the repeated-KV shape its baseline trace shows,
+    compiles once for the install, and after uninstall is the baseline's compiled step again."""
+    pytest.importorskip("transformers")
+    import json
+
+    from tuner.ab.harness import hf_factory, make_harness
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 3, "vocab_size": 256, "max_position_embeddings": 256,
+              "rms_norm_eps": 1e-5, "head_dim": 16}
+    path = tmp_path / "tiny_llama.json"
+    path.write_text(json.dumps(config))
+    h = make_harness(hf_factory(path), batch=1, prompt=4, steps=3, dtype=torch.bfloat16,
+                     device="cpu")
+    (device / "nvidia-h200").mkdir(parents=True)
+    with torch.no_grad():
+        h.prefill()
+        with serving.installed(h.model, export_dir=device / "nvidia-h200",
+                               families=("attention",)) as handle:
+            h.decode()  # no export: each call misses grouped, then repeated (transformers' own)
+            misses = [dict(kv.split("=") for kv in m.split(",")) for m in handle.misses()["attention"]]
+        grouped, repeated = sorted(({k: v if k == "dtype" else int(v) for k, v in m.items()}
+                                    for m in misses), key=lambda m: m["kv_heads"])
+        assert grouped["heads"] == 4 and grouped["kv_heads"] == 2 and repeated["kv_heads"] == 4
+        write_export(device, [("attention", repeated,
+                               {"HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "SPLIT_KV": 1,
+                                "num_warps": 2, "num_stages": 1})])
+        runtime.reset()
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        torch._dynamo.reset()
+        eager = h.decode
+        h.decode = torch.compile(eager, backend=backend, dynamic=False)
+        h.prefill()
+        expected = [h.decode().clone() for _ in range(2)]
+        assert len(graphs) == 1
+        h.prefill()
+        with serving.installed(h.model, export_dir=device / "nvidia-h200",
+                               families=("attention",)) as handle:
+            tuned = [h.decode().clone() for _ in range(2)]
+            hits = sum(handle.hits()["attention"].values())
+        assert len(graphs) == 2 and hits == 6  # 3 layers x 2 steps, one compile
+        ops = [str(n.target) for n in graphs[1].graph.nodes if n.op == "call_function"]
+        assert sum("tuner.decode_attention" in op for op in ops) == 3
+        assert not any("expand" in op for op in ops)  # no repeat_kv before the kernel
+        h.prefill()
+        again = [h.decode().clone() for _ in range(2)]
+        assert len(graphs) == 2  # uninstalled: the baseline's compiled step again
+    torch._dynamo.reset()
+    for a, b, t in zip(again, expected, tuned):
+        assert torch.equal(a, b)
+        assert rel_err(t, b) < 2e-2

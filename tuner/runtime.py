@@ -357,7 +357,25 @@ def _resolve(family: str, shape: dict) -> tuple[dict | None, str | None]:
             # nearest value; on a tie the smaller one (its tiles fit the smaller problem)
             _, key, config = min(candidates, key=lambda item: (abs(item[0] - value), item[0]))
             return config, key
+    if family == "attention":
+        return _repeated_kv_entry(shape)
     return None, None
+
+
+def _repeated_kv_entry(shape: dict) -> tuple[dict | None, str | None]:
+    """A GQA decode call (kv_heads < heads) with no entry of its own takes the entry of its
+    repeated-KV form, the same call after transformers' repeat_kv (kv_heads = heads): that is the
+    shape a baseline trace of such a model records. Its config has one head per program
+    (HEADS_PER_BLOCK 1, the only value a group of one allows), so on the unrepeated cache the
+    kernel reads, for each query head, the same K/V values in the same order: the same output,
+    bit for bit, without the copy (tests/test_attention.py)."""
+    heads, kv_heads = shape.get("heads"), shape.get("kv_heads")
+    if heads is None or kv_heads is None or int(kv_heads) >= int(heads):
+        return None, None
+    config, key = _resolve("attention", {**shape, "kv_heads": heads})
+    if config is None or int(config.get("HEADS_PER_BLOCK", 1)) != 1:
+        return None, None
+    return config, key
 
 
 def lookup(family: str, shape: dict) -> dict | None:

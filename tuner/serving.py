@@ -31,8 +31,14 @@ graph replay no Python runs, so hit counts count eager calls and captures.
 (looked up by name at each call, as transformers' SDPA attention does) while installed: calls
 with one query token, a GQA/MHA layout, no dropout, not causal and no mask or a mask of that one
 query row ([batch|1, heads|1, 1, kv_len], as a decode step over a static KV cache passes for the
-unfilled cache positions; any scale) go to ``tuner.decode_attention``, every other call to
-torch's own SDPA.
+unfilled cache positions; any scale) go to ``tuner.decode_attention`` where the export has the
+call's shape, every other call to torch's own SDPA, unchanged. In a process that has imported
+transformers it also takes transformers' "sdpa" attention function (AttentionInterface) while
+installed: such a decode call then runs on the model's own grouped KV cache, without the
+repeat_kv copy transformers makes before SDPA when there is a mask (tuner.runtime serves it with
+the entry of its repeated-KV form, the shape a baseline trace records). Under torch.compile the
+routing decision is a constant of the install (`_attention_routed`): the compiled step recompiles
+once when installing, not per call.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +69,7 @@ _warmed: set[tuple] = set()  # (family, shape items, config items) compiled outs
 _failed: set[tuple] = set()  # (family, shape items): a kernel failed; the baseline serves it
 _warned: set[tuple] = set()
 _enabled: set[str] = set(FAMILIES)  # families the installed handle routes
+_route_key = ""  # what the installed routing reads: export folder and families (see _attention_routed)
 
 
 def _warn_once(key: tuple, message: str, *args) -> None:
@@ -225,21 +233,72 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
 
 
 def _has_attention_entry(query: torch.Tensor, key: torch.Tensor) -> bool:
-    """Whether the attention export has a config for this decode call. A miss is counted here
-    and runs the caller's own SDPA call, unchanged (under torch.compile it stays in the
-    compiled graph): routing it through the custom op only to run torch's SDPA from inside it
-    cost 3.5 µs a call in the compiled Qwen3-8B batch-32 step (BENCHMARKS.md)."""
+    """Whether the attention export has a config for this decode call. A miss runs the caller's
+    own SDPA call, unchanged (under torch.compile it stays in the compiled graph): routing it
+    through the custom op only to run torch's SDPA from inside it cost 3.5 µs a call in the
+    compiled Qwen3-8B batch-32 step (BENCHMARKS.md)."""
     if "attention" not in _enabled or query.dtype not in DTYPES:
         return False
-    shape = {"batch": int(query.shape[0]), "heads": int(query.shape[1]),
-             "kv_heads": int(key.shape[1]), "kv_len": int(key.shape[2]),
-             "head_dim": int(query.shape[3]), "dtype": str(query.dtype).removeprefix("torch.")}
-    if ("attention", tuple(shape.items())) in _failed:
+    shape = (("batch", int(query.shape[0])), ("heads", int(query.shape[1])),
+             ("kv_heads", int(key.shape[1])), ("kv_len", int(key.shape[2])),
+             ("head_dim", int(query.shape[3])), ("dtype", str(query.dtype).removeprefix("torch.")))
+    return _attention_routed(shape, _route_key)
+
+
+@torch.compiler.assume_constant_result
+def _attention_routed(shape: tuple, route_key: str) -> bool:
+    """The routing decision for one decode attention shape (plain values in, a bool out).
+
+    Dynamo calls this once per compile and keeps the answer as a constant instead of tracing the
+    export lookup: tracing it guarded the compiled step on tuner.runtime's call counters, so
+    every call recompiled the attention frame until Dynamo's recompile limit, after which that
+    frame ran eagerly in every arm (the compiled A/B's tuned and A/A arms, 2026-12-01 evening).
+    `route_key` (the install's export folder and families) makes an install of another export
+    recompile rather than reuse an answer from the earlier one, while installing the same export
+    again (as `tuner ab` does to profile its tuned arm under a new capture) reuses the compiled
+    step: nothing compiles inside that capture. Eager calls count each miss; a compiled step
+    counts them at compile time."""
+    del route_key
+    if ("attention", shape) in _failed:
         return False
-    if runtime.resolve("attention", shape)[0] is not None:
+    if runtime.resolve("attention", dict(shape))[0] is not None:
         return True
-    runtime.lookup("attention", shape)  # counts the miss
+    runtime.lookup("attention", dict(shape))  # counts the miss
     return False
+
+
+def _hf_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+             is_causal=None, **kwargs):
+    """transformers' "sdpa" attention function as installed: a decode call goes to
+    tuner.decode_attention on the model's own KV cache, grouped heads and all, where the export
+    has its shape (or its repeated-KV form: tuner.runtime); every other call to transformers'
+    own function, which repeats the grouped K/V heads (a copy of the cache per layer) before
+    SDPA when a mask is given, as a static cache's decode call always has."""
+    groups = int(getattr(module, "num_key_value_groups", 1) or 1)
+    if (dropout == 0.0 and not is_causal and kwargs.get("position_bias") is None
+            and not kwargs.get("output_attentions", False)
+            and query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
+            and value.shape == key.shape and key.shape[1] * groups == query.shape[1]
+            and _decode_mask(attention_mask, query, key) and _has_attention_entry(query, key)):
+        out = torch.ops.tuner.decode_attention(
+            query, key, value, attention_mask, None if scaling is None else float(scaling))
+        return out.transpose(1, 2).contiguous(), None
+    return _hf_own_sdpa(module, query, key, value, attention_mask, dropout=dropout,
+                        scaling=scaling, is_causal=is_causal, **kwargs)
+
+
+_hf_own_sdpa = None  # transformers' own "sdpa" attention function (kept by install)
+
+
+def _hf_attention_interface():
+    """transformers' AttentionInterface, if the process has imported transformers (a model that
+    dispatches attention through it); else None. Never imports transformers itself."""
+    utils = sys.modules.get("transformers.modeling_utils")
+    interface = getattr(utils, "AttentionInterface", None)
+    mapping = getattr(interface, "_global_mapping", None)
+    if not isinstance(mapping, dict) or not callable(mapping.get("sdpa")):
+        return None
+    return interface
 
 
 def _decode_mask(mask, query: torch.Tensor, key: torch.Tensor) -> bool:
@@ -262,6 +321,7 @@ class Installed:
     export_dir: Path | None
     linears: list[torch.nn.Module] = field(default_factory=list)
     sdpa: bool = False
+    hf_sdpa: object = None  # transformers' AttentionInterface whose "sdpa" entry is ours
     _old_env: str | None = None
     active: bool = True
 
@@ -302,6 +362,8 @@ class Installed:
                 del module.__dict__["forward"]
         if self.sdpa:
             F.scaled_dot_product_attention = _SDPA
+        if self.hf_sdpa is not None:
+            self.hf_sdpa._global_mapping["sdpa"] = _hf_own_sdpa
         if self.export_dir is not None:
             if self._old_env is None:
                 os.environ.pop("TUNER_EXPORT_DIR", None)
@@ -330,6 +392,8 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
         runtime.reset()
     else:
         runtime.reset(counts_only=True)
+    global _route_key
+    _route_key = repr((os.environ.get("TUNER_EXPORT_DIR", ""), tuple(families)))
     _enabled.clear()
     _enabled.update(families)
     if "gemv" in families or "gemm" in families:
@@ -342,6 +406,12 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
 
         F.scaled_dot_product_attention = _sdpa
         handle.sdpa = True
+        interface = _hf_attention_interface()
+        if interface is not None and interface._global_mapping["sdpa"] is not _hf_sdpa:
+            global _hf_own_sdpa
+            _hf_own_sdpa = interface._global_mapping["sdpa"]
+            interface._global_mapping["sdpa"] = _hf_sdpa
+            handle.hf_sdpa = interface
     return handle
 
 
