@@ -111,6 +111,23 @@ def test_attribution_splits_the_saving_per_shape_and_the_residual():
     assert residual["idle_and_launch_gaps_us"] == pytest.approx(100 - 60)
 
 
+def test_the_grouped_attention_call_pairs_with_the_repeated_baseline_call():
+    """The baseline's decode SDPA runs on KV heads transformers repeated (kv_heads = heads); the
+    tuned arm's tuner::decode_attention on the grouped cache: one row, with its saving."""
+    att = {"family": "attention", "phase": "decode", "batch": 32, "heads": 32, "kv_len": 146,
+           "head_dim": 128, "calls_per_step": 36.0, "step_us": 8000.0, "step_gpu_us": 7800.0}
+    base = [dict(att, op="aten::scaled_dot_product_attention", kv_heads=32, us_per_call=40.0,
+                 kernels="cudnn_flash")]
+    tuned = [dict(att, op="tuner::decode_attention", kv_heads=8, us_per_call=19.0,
+                  kernels="decode_attention_kernel", step_us=5700.0, step_gpu_us=5500.0)]
+    key = "attention b=32 h=32 kv=146 d=128"
+    (row,), _ = abv.attribution_rows({"baseline": base, "tuned": tuned}, {key: 267.0},
+                                     {"baseline": 8000.0, "tuned": 5700.0})
+    assert row["shape"] == key and row["calls_per_step"] == 36.0
+    assert row["measured_saving_us"] == pytest.approx(36 * 21.0)
+    assert row["projected_saving_us"] == 267.0
+
+
 def test_the_ceiling_is_the_baseline_step_with_every_linear_at_its_floor():
     data = recorded(base=1000.0, tuned=900.0, aa=1000.0)
     base = [{"op": "aten::mm", "family": "gemm", "phase": "decode", "m": 1, "n": 4096, "k": 4096,
@@ -256,3 +273,23 @@ def test_run_with_ab_on_a_machine_without_gpu_says_what_the_ab_would_run(tmp_pat
     out = capsys.readouterr().out
     assert rc == 0 and "tuner ab would build" in out and "at batch 2" in out
     assert "tuner ab needs a GPU" in out
+
+
+def test_the_export_projects_its_attention_saving_at_the_nearest_kv_len(monkeypatch, tmp_path):
+    """The step's decode attention (kv_len 146) resolves to the exported kv_len 162 entry as
+    serving resolves it: its measured saving per call x the step's calls is projected."""
+    from test_serving import IDENTITY, write_export
+
+    monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
+    monkeypatch.delenv("TUNER_EXPORT_DIR", raising=False)
+    shape = {"batch": 4, "heads": 8, "kv_heads": 8, "kv_len": 162, "head_dim": 64,
+             "dtype": "bfloat16"}
+    write_export(tmp_path / "export", [("attention", shape)])
+    row = {"op": "aten::scaled_dot_product_attention", "family": "attention", "phase": "decode",
+           "batch": 4, "heads": 8, "kv_heads": 8, "kv_len": 146, "head_dim": 64, "q_len": 1,
+           "m": 1, "n": 146, "k": 64, "dtype": "bfloat16", "calls_per_step": 36.0,
+           "us_per_call": 10.0}
+    projected = ab.projected_savings(tmp_path / "export" / "nvidia-h200", [row])
+    # write_export records 5.0 -> 4.0 us a call
+    assert projected == {"attention b=4 h=8 kv=146 d=64": pytest.approx(36.0)}
+    runtime.reset()

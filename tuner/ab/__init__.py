@@ -87,9 +87,10 @@ def _harvest(traces: dict) -> tuple[dict, str]:
 
 
 def projected_savings(export_dir: str | Path, baseline_rows: list[dict]) -> dict:
-    """'m=..,n=..,k=..' -> the saving the export projects per step for that shape: the saving per
-    call rank measured for the entry serving uses (exact, else nearest m), times the shape's calls
-    per step in this A/B's own baseline step."""
+    """attribution key ('m=..,n=..,k=..', 'attention b=.. h=.. kv=.. d=..') -> the saving the
+    export projects per step for that call: the saving per call rank measured for the entry
+    serving uses (exact, else nearest m / kv_len), times the calls per step in this A/B's own
+    baseline step."""
     import os
 
     from kernels import get_family
@@ -110,8 +111,13 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict]) -> dict
 
 
 def _projected(export_dir, baseline_rows, get_family, runtime) -> dict:
+    """attribution key -> the export's projected saving per step for the baseline step's calls
+    (the entry each call resolves to: exact, else nearest m / kv_len, as serving resolves it)."""
+    from .verdict import attribution_key
+
+    families = {"gemm": ("gemv", "gemm"), "attention": ("attention",)}
     docs = {}
-    for family in ("gemv", "gemm"):
+    for family in ("gemv", "gemm", "attention"):
         path = Path(export_dir) / f"{family}.json"
         try:
             docs[family] = json.loads(path.read_text()).get("configs", {})
@@ -119,9 +125,7 @@ def _projected(export_dir, baseline_rows, get_family, runtime) -> dict:
             docs[family] = {}
     out: dict = {}
     for row in baseline_rows:
-        if row.get("family") != "gemm":
-            continue
-        for family in ("gemv", "gemm"):
+        for family in families.get(row.get("family"), ()):
             shape = get_family(family).shape_from_row(row)
             if shape is None:
                 continue
@@ -132,8 +136,8 @@ def _projected(export_dir, baseline_rows, get_family, runtime) -> dict:
             entry = docs[family].get(key) if key else None
             saving = ((entry or {}).get("measured") or {}).get("saving_us_per_call")
             if saving is not None:
-                mnk = f"m={row['m']},n={row['n']},k={row['k']}"
-                out[mnk] = out.get(mnk, 0.0) + float(saving) * float(row["calls_per_step"])
+                name = attribution_key(row)
+                out[name] = out.get(name, 0.0) + float(saving) * float(row["calls_per_step"])
     return out
 
 

@@ -184,6 +184,17 @@ def _outputs(verdict: ABVerdict, data: dict, margin: float) -> None:
             f"{tf['baseline']['agreement']:.3f} - floor {floor:.3f}")
 
 
+def attribution_key(row: dict) -> str:
+    """The attribution table's name of a harvested row's call: 'm=..,n=..,k=..' for a linear,
+    'attention b=.. h=.. kv=.. d=..' for decode attention. The KV head count is left out: the
+    baseline's call runs on the KV heads transformers repeated for it, the tuned one on the
+    grouped cache itself (tuner.serving), and they are the same call of the step."""
+    if row.get("family") == "attention":
+        return (f"attention b={row.get('batch')} h={row.get('heads')} kv={row.get('kv_len')} "
+                f"d={row.get('head_dim')}")
+    return f"m={row['m']},n={row['n']},k={row['k']}"
+
+
 def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,
                      floors: dict | None = None) -> tuple[list, dict]:
     """Per shape (m, n, k): each arm's kernel time per step and kernels per call (from the
@@ -204,11 +215,7 @@ def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,
             if r.get("phase") not in (None, "decode", "other"):
                 continue
             busy, wall = r.get("step_gpu_us", busy), r.get("step_us", wall)
-            if r.get("family") == "attention":
-                key = (f"attention b={r.get('batch')} h={r.get('heads')}/{r.get('kv_heads')} "
-                       f"kv={r.get('kv_len')} d={r.get('head_dim')}")
-            else:
-                key = f"m={r['m']},n={r['n']},k={r['k']}"
+            key = attribution_key(r)
             us = float(r.get("us_per_call") or 0.0) * float(r.get("calls_per_step") or 0.0)
             kernels = [k for k in str(r.get("kernels") or "").split("; ") if k]
             slot = per.setdefault(key, {}).setdefault(arm, {"us_per_step": 0.0, "calls": 0.0,
