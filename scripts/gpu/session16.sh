@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# GPU batch of 2026-12-01, evening (issue 15): the attention family added to saved exports.
+#   1. ATTN="model:batch:base_export ...": trace the baseline step (tuner ab --trace-only), harvest,
+#      tuner search --family attention (SEARCH_S, default 40 s), rank, export into a copy of
+#      base_export (the manifest keeps its other families), then tuner ab --compile with it;
+#   GPU_TESTS: pytest targets run first (marker gpu); RANK_ARGS: extra tuner rank flags;
+#   2. AB_EXPORTS="label:model:batch:export_dir ...": tuner ab --compile of saved exports.
+# Logs: $OUT/session.log, $OUT/abc_<model>-b<batch>.json/.md, $OUT/abx_<label>.json/.md,
+# $OUT/verdicts_attention_<model>-b<batch>.parquet/.md, $OUT/export_<model>-b<batch>/.
+# Usage: DEVICE_JSON=benchmarks/logs/2026-12-01/nvidia-h200.device.json \
+#   ATTN="llama31_8b:1:benchmarks/logs/2026-12-01/late/exports/llama31_8b-b1" bash scripts/gpu/session16.sh
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+LOG="$OUT/session.log"; SEARCH_S=${SEARCH_S:-40}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed" | tee -a "$LOG"
+export PYTHONPATH="$PWD:/tmp/site" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+T0=$(date +%s)
+stamp() { echo "== $1  (+$(( $(date +%s) - T0 ))s)" | tee -a "$LOG"; }
+mkdir -p artifacts/devices; cp "${DEVICE_JSON:-benchmarks/logs/2026-12-01/nvidia-h200.device.json}" artifacts/devices/nvidia-h200.json
+DEV=artifacts/devices/nvidia-h200.json
+if [ -n "${GPU_TESTS:-}" ]; then
+  stamp "gpu tests: $GPU_TESTS"
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS 2>&1 | tail -n 8 | tee -a "$LOG"
+fi
+ab_compile() {  # model batch export_dir out_dir name
+  timeout ${COMPILE_AB_S:-240} python3 -m tuner.cli ab --hf-config "shapes/examples/models/$1.json" \
+    --batch "$2" --compile --export "$3" --steps 16 --groups 12 --replays 8 -o "$4" \
+    > "$4.log" 2>&1; echo "ab rc=$?" | tee -a "$LOG"
+  grep -v "^  \.\. \|Warning\|warn" "$4.log" | tail -n 22 | tee -a "$LOG"
+  cp "$4"/*/ab.json "$OUT/$5.json" 2>/dev/null; cp "$4"/*/ab.md "$OUT/$5.md" 2>/dev/null
+  rm -rf "$4"/*/traces
+}
+for item in ${ATTN:-}; do
+  IFS=: read -r model batch base <<< "$item"
+  D=$(mktemp -d /tmp/s16.XXXXXX); cfg=shapes/examples/models/$model.json; tag=$model-b$batch
+  stamp "$tag: trace"
+  timeout 180 python3 -m tuner.cli ab --hf-config "$cfg" --batch "$batch" --trace-only -o "$D/trace" \
+    > "$D/trace.log" 2>&1; echo "trace rc=$?" | tee -a "$LOG"
+  rep=$(ls "$D"/trace/*/traces/baseline_replay.pt.trace.json | head -n 1)
+  cap=$(ls "$D"/trace/*/traces/baseline_capture.pt.trace.json | head -n 1)
+  stamp "$tag: harvest"
+  timeout 120 python3 -m tuner.cli harvest "$rep" --capture "$cap" -o "$D/shapes.parquet" 2>&1 | tail -n 9 | tee -a "$LOG"
+  stamp "$tag: search attention ${SEARCH_S}s"
+  timeout $((SEARCH_S + 90)) python3 -m tuner.cli search "$D/shapes.parquet" --family attention --graph-captured \
+    --timeout "${SEARCH_S}s" --storage "$D/studies.db" --no-progress --device $DEV > "$D/search.log" 2>&1
+  echo "search rc=$?" | tee -a "$LOG"; grep -v "Warning\|warn" "$D/search.log" | tail -n 6 | tee -a "$LOG"
+  stamp "$tag: rank attention"
+  timeout 200 python3 -m tuner.cli rank --storage "$D/studies.db" --family attention --top 2 ${RANK_ARGS:-} \
+    -o "$D/verdicts" > "$D/rank.log" 2>&1
+  echo "rank rc=$?" | tee -a "$LOG"; grep -v "re-measuring" "$D/rank.log" | tail -n 8 | tee -a "$LOG"
+  mkdir -p "$D/export/nvidia-h200"; cp "$base"/*.json "$D/export/nvidia-h200/"
+  timeout 60 python3 -m tuner.cli export "$D"/verdicts/*.parquet -o "$D/export" 2>&1 | tail -n 5 | tee -a "$LOG"
+  cp "$D"/verdicts/nvidia-h200-attention.parquet "$OUT/verdicts_attention_$tag.parquet" 2>/dev/null
+  cp "$D"/verdicts/nvidia-h200-attention.md "$OUT/verdicts_attention_$tag.md" 2>/dev/null
+  mkdir -p "$OUT/export_$tag"; cp "$D"/export/nvidia-h200/*.json "$OUT/export_$tag/"
+  [ -f "$D/export/nvidia-h200/attention.json" ] || { stamp "$tag: no attention export, no ab"; continue; }
+  stamp "$tag: ab --compile (base export + attention)"
+  ab_compile "$model" "$batch" "$D/export/nvidia-h200" "$D/abc" "abc_$tag"
+done
+for item in ${AB_EXPORTS:-}; do
+  IFS=: read -r label model batch dir <<< "$item"
+  [ $(( $(date +%s) - T0 )) -gt ${AB_DEADLINE_S:-400} ] && { stamp "skip ab $label (time)"; continue; }
+  stamp "ab --compile $label ($model b$batch, $dir)"
+  ab_compile "$model" "$batch" "$dir" "$(mktemp -d /tmp/abx.XXXXXX)/ab" "abx_$label"
+done
+stamp "done"
