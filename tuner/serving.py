@@ -275,8 +275,8 @@ def _hf_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=Non
     own function, which repeats the grouped K/V heads (a copy of the cache per layer) before
     SDPA when a mask is given, as a static cache's decode call always has."""
     groups = int(getattr(module, "num_key_value_groups", 1) or 1)
-    if (dropout == 0.0 and not is_causal and kwargs.get("position_bias") is None
-            and not kwargs.get("output_attentions", False)
+    if (dropout == 0.0 and not is_causal and not kwargs.get("output_attentions", False)
+            and all(kwargs.get(name) is None for name in _HF_CHANGES_ATTENTION)
             and query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
             and value.shape == key.shape and key.shape[1] * groups == query.shape[1]
             and _decode_mask(attention_mask, query, key) and _has_attention_entry(query, key)):
@@ -288,6 +288,9 @@ def _hf_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=Non
 
 
 _hf_own_sdpa = None  # transformers' own "sdpa" attention function (kept by install)
+# keyword arguments of transformers' attention functions that change what attention computes
+# beyond the mask (a bias, logit soft-capping, attention sinks): such a call is not ours
+_HF_CHANGES_ATTENTION = ("position_bias", "softcap", "s_aux", "sinks")
 
 
 def _hf_attention_interface():
