@@ -3,6 +3,7 @@
 #   1. ATTN="model:batch:base_export ...": trace the baseline step (tuner ab --trace-only), harvest,
 #      tuner search --family attention (SEARCH_S, default 40 s), rank, export into a copy of
 #      base_export (the manifest keeps its other families), then tuner ab --compile with it;
+#   AB_EAGER=1: every tuner ab without --compile (the eager step);
 #   GPU_TESTS: pytest targets run first (marker gpu); RANK_ARGS: extra tuner rank flags;
 #   2. AB_EXPORTS="label:model:batch:export_dir ...": tuner ab --compile of saved exports.
 # Logs: $OUT/session.log, $OUT/abc_<model>-b<batch>.json/.md, $OUT/abx_<label>.json/.md,
@@ -20,13 +21,14 @@ T0=$(date +%s)
 stamp() { echo "== $1  (+$(( $(date +%s) - T0 ))s)" | tee -a "$LOG"; }
 mkdir -p artifacts/devices; cp "${DEVICE_JSON:-benchmarks/logs/2026-12-01/nvidia-h200.device.json}" artifacts/devices/nvidia-h200.json
 DEV=artifacts/devices/nvidia-h200.json
+AB_FLAG=--compile; [ "${AB_EAGER:-0}" = 1 ] && AB_FLAG=  # AB_EAGER=1: the eager step (tuner ab without --compile)
 if [ -n "${GPU_TESTS:-}" ]; then
   stamp "gpu tests: $GPU_TESTS"
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS 2>&1 | tail -n 8 | tee -a "$LOG"
 fi
 ab_compile() {  # model batch export_dir out_dir name
   timeout ${COMPILE_AB_S:-240} python3 -m tuner.cli ab --hf-config "shapes/examples/models/$1.json" \
-    --batch "$2" --compile --export "$3" --steps 16 --groups 12 --replays 8 -o "$4" \
+    --batch "$2" $AB_FLAG --export "$3" --steps 16 --groups 12 --replays 8 -o "$4" \
     > "$4.log" 2>&1; echo "ab rc=$?" | tee -a "$LOG"
   grep -v "^  \.\. \|Warning\|warn" "$4.log" | tail -n 22 | tee -a "$LOG"
   cp "$4"/*/ab.json "$OUT/$5.json" 2>/dev/null; cp "$4"/*/ab.md "$OUT/$5.md" 2>/dev/null
