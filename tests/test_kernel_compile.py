@@ -204,3 +204,56 @@ def test_skinny_configs_compile_for_gfx942_and_the_spilling_one_is_rejected():
               f"shared={row[0].shared:6} {config}")
         assert row[0].n_spills == 0 and row[0].shared <= SHARED_LIMIT["hip"]
     assert rows[-1][0].n_spills > 0
+
+
+MASKED_COMPILE = r'''
+import json, sys
+import torch
+from triton.backends.compiler import GPUTarget
+from kernels import attention, common
+common._TORCH_TO_TRITON.setdefault(torch.uint8, "u8")  # a boolean mask is read as uint8
+shape = {"batch": 32, "heads": 32, "kv_heads": 8, "kv_len": 162, "head_dim": 128, "dtype": "bfloat16"}
+inputs = attention.make_inputs(shape, "meta")
+masks = {"additive": torch.empty(32, 1, 1, 162, device="meta", dtype=torch.bfloat16),
+         "bool": torch.empty(32, 1, 1, 162, device="meta", dtype=torch.bool),
+         "bool-broadcast": torch.empty(1, 1, 1, 162, device="meta", dtype=torch.bool)}
+configs = [{"HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "SPLIT_KV": 1, "num_warps": 2, "num_stages": 3},
+           {"HEADS_PER_BLOCK": 1, "BLOCK_N": 64, "SPLIT_KV": 1, "num_warps": 4, "num_stages": 3},
+           {"HEADS_PER_BLOCK": 4, "BLOCK_N": 64, "SPLIT_KV": 2, "num_warps": 4, "num_stages": 2}]
+out = []
+for backend, target in (("cuda", GPUTarget("cuda", 90, 32)), ("hip", GPUTarget("hip", "gfx942", 64))):
+    for name, mask in masks.items():
+        for config in configs:
+            config = dict(config, num_stages=min(config["num_stages"], 2)) if backend == "hip" else config
+            _, calls = attention.launch_plan(dict(inputs, mask=mask, scale=0.1), config, backend=backend)
+            for call in calls:
+                r = common.compile_call(call, target)
+                out.append([backend, name, config, r.kernel, r.n_regs, r.n_spills, r.shared,
+                            call.constexprs.get("MASK")])
+json.dump(out, sys.stdout)
+'''
+
+
+def test_the_masked_decode_attention_compiles_for_sm90_and_gfx942():
+    """The static-cache decode call's variants (additive and boolean masks, per sequence or
+    broadcast; SDPA's scale) compile for sm90 and gfx942 with the served configs and a stacked,
+    split one: no spills, within shared memory / LDS."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", MASKED_COMPILE], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout)
+    kinds = {(backend, name, row_mask) for backend, name, _c, kernel, _r, _s, _sh, row_mask in rows
+             if kernel == "decode_attention_kernel"}
+    assert kinds == {(b, n, k) for b in ("cuda", "hip")
+                     for n, k in (("additive", 2), ("bool", 1), ("bool-broadcast", 1))}
+    for backend, name, config, kernel, regs, spills, shared, _mask in rows:
+        assert spills == 0 and regs > 0, (backend, name, config, kernel)
+        assert shared <= SHARED_LIMIT[backend], (backend, name, config, kernel, shared)
