@@ -138,6 +138,7 @@ def attention_shape(op: Op) -> dict | None:
             out.update(batch=q[0], heads=q[1], q_len=q[2], head_dim=q[3])
             if len(kk) == 4:
                 out.update(kv_heads=kk[1], kv_len=kk[2])
+                _unpack_gqa(dims, out)
         else:
             out.update(batch=q[0], q_len=q[1], heads=q[2], head_dim=q[3])
             if len(kk) == 4:
@@ -150,6 +151,21 @@ def attention_shape(op: Op) -> dict | None:
         out["kv_heads"] = None        # not a GQA group: the dims were read wrong, say nothing
     out["dtype"] = _dtype(op.types, 0)
     return out
+
+
+def _unpack_gqa(dims: list, out: dict) -> None:
+    """transformers' single-token GQA packing (its SDPA attention from about 5.2x, eager): a
+    decode call's query [batch, heads, 1, d] goes to SDPA as [batch, kv_heads, heads/kv_heads,
+    d] over the unrepeated cache, with the static cache's mask of the one query row [batch|1, 1,
+    1, kv_len] broadcast over the packed rows. Read back as what it is: one query token, `heads`
+    query heads on kv_heads KV heads. A prefill's mask has a row per query ([.., q_len, kv_len])
+    or none (is_causal); self-attention over the same tokens (kv_len = q_len) is left alone."""
+    mask = _input(dims, 3)
+    q_len, heads = out["q_len"], out["heads"]
+    if (mask and len(mask) == 4 and mask[2] == 1 and mask[1] == 1 and q_len and q_len > 1
+            and heads and out["kv_heads"] == heads and out["kv_len"] != q_len
+            and mask[3] == out["kv_len"]):
+        out.update(heads=heads * q_len, q_len=1)
 
 
 def _varlen_shape(q: list, kk: list, dims: list, out: dict) -> None:
