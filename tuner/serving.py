@@ -252,7 +252,8 @@ def _attention_routed(shape: tuple, route_key: str) -> bool:
     Dynamo calls this once per compile and keeps the answer as a constant instead of tracing the
     export lookup: tracing it guarded the compiled step on tuner.runtime's call counters, so
     every call recompiled the attention frame until Dynamo's recompile limit, after which that
-    frame ran eagerly in every arm (the compiled A/B's tuned and A/A arms, 2026-12-01 evening).
+    frame ran eagerly in every arm (the compiled A/B's tuned and A/A arms: BENCHMARKS.md,
+    2026-12-01 night).
     `route_key` (the install's export folder and families) makes an install of another export
     recompile rather than reuse an answer from the earlier one, while installing the same export
     again (as `tuner ab` does to profile its tuned arm under a new capture) reuses the compiled
@@ -274,17 +275,28 @@ def _hf_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=Non
     has its shape (or its repeated-KV form: tuner.runtime); every other call to transformers'
     own function, which repeats the grouped K/V heads (a copy of the cache per layer) before
     SDPA when a mask is given, as a static cache's decode call always has."""
-    groups = int(getattr(module, "num_key_value_groups", 1) or 1)
-    if (dropout == 0.0 and not is_causal and not kwargs.get("output_attentions", False)
-            and all(kwargs.get(name) is None for name in _HF_CHANGES_ATTENTION)
-            and query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
-            and value.shape == key.shape and key.shape[1] * groups == query.shape[1]
-            and _decode_mask(attention_mask, query, key) and _has_attention_entry(query, key)):
+    if _hf_decode_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs):
         out = torch.ops.tuner.decode_attention(
             query, key, value, attention_mask, None if scaling is None else float(scaling))
         return out.transpose(1, 2).contiguous(), None
     return _hf_own_sdpa(module, query, key, value, attention_mask, dropout=dropout,
                         scaling=scaling, is_causal=is_causal, **kwargs)
+
+
+def _hf_decode_call(module, query, key, value, mask, dropout, is_causal, kwargs) -> bool:
+    """Whether transformers' attention call is a decode call the kernel serves with an exported
+    config; never raises (anything unexpected: transformers' own path, one warning)."""
+    try:
+        groups = int(getattr(module, "num_key_value_groups", 1) or 1)
+        return bool(dropout == 0.0 and not is_causal and not kwargs.get("output_attentions", False)
+                    and all(kwargs.get(name) is None for name in _HF_CHANGES_ATTENTION)
+                    and query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
+                    and value.shape == key.shape and key.shape[1] * groups == query.shape[1]
+                    and _decode_mask(mask, query, key) and _has_attention_entry(query, key))
+    except Exception as exc:  # noqa: BLE001 - serving must never raise into the caller
+        _warn_once(("hf-attention", type(exc).__name__), "transformers attention call not read "
+                   "(%s: %s); transformers' own attention runs", type(exc).__name__, exc)
+        return False
 
 
 _hf_own_sdpa = None  # transformers' own "sdpa" attention function (kept by install)
