@@ -37,3 +37,39 @@ def test_a_transformers_decode_step_harvests_as_decode_with_its_query_heads(tmp_
     # transformers that packs the grouped query heads leaves the cache unrepeated: its 2 KV heads
     packs = hasattr(hf_sdpa, "pack_gqa")
     assert att["kv_heads"] == (2 if packs else 4)
+
+
+def _sdpa_op(q, k, mask, q_strides=None):
+    from tuner.harvest.records import Op
+
+    dims = [q, k, k, mask, [], [], [], []]
+    strides = [q_strides or [], [], [], [], [], [], [], []]
+    types = ["c10::BFloat16"] * 3 + ["bool", "Scalar", "Scalar", "Scalar", "Scalar"]
+    return Op("aten::scaled_dot_product_attention", 1, 0.0, 1.0, None, dims, types, strides,
+              "attention")
+
+
+@pytest.mark.parametrize("case, q, k, mask, strides, expected", [
+    # transformers' packing: 32 query heads on 8 KV heads, one token, kv_len 162
+    ("packed", [4, 8, 4, 128], [4, 8, 162, 128], [4, 1, 1, 162], [4096, 512, 128, 1],
+     (32, 8, 1)),
+    ("packed, no strides recorded", [4, 8, 4, 128], [4, 8, 162, 128], [1, 1, 1, 162], None,
+     (32, 8, 1)),
+    # a cross-attention prefill (8 queries over 257 encoder keys, a key-padding mask), its
+    # query transposed from [batch, len, heads, d]
+    ("cross-attention", [2, 12, 8, 64], [2, 12, 257, 64], [2, 1, 1, 257],
+     [6144, 64, 768, 1], (12, 12, 8)),
+    # encoder self-attention with a padding mask: kv_len = q_len
+    ("encoder", [2, 12, 8, 64], [2, 12, 8, 64], [2, 1, 1, 8], [6144, 512, 64, 1], (12, 12, 8)),
+    # a causal prefill's mask has a row per query
+    ("prefill", [1, 8, 4, 128], [1, 8, 162, 128], [1, 1, 4, 162], [4096, 512, 128, 1],
+     (8, 8, 4)),
+    # more packed rows than any GQA group
+    ("long", [1, 8, 64, 128], [1, 8, 162, 128], [1, 1, 1, 162], [65536, 8192, 128, 1],
+     (8, 8, 64)),
+])
+def test_only_transformers_packed_decode_is_unpacked(case, q, k, mask, strides, expected):
+    from tuner.harvest.shapes import attention_shape
+
+    shape = attention_shape(_sdpa_op(q, k, mask, strides))
+    assert (shape["heads"], shape["kv_heads"], shape["q_len"]) == expected, case

@@ -302,7 +302,7 @@ def test_the_compiled_step_compiles_once_per_install_with_attention_routed(devic
         if exported:
             assert hits == 9 and misses == 0  # the custom op counts each call
         else:
-            assert hits == 0 and misses == 3  # counted while compiling, once per call site
+            assert hits == 0 and misses == 0  # not routed: the caller's own SDPA ran
         again = step(x, k, v, mask)
         assert len(graphs) == 2  # uninstalling found the baseline's compiled code
         with serving.installed(model, export_dir=device / "nvidia-h200", families=("attention",)):
@@ -399,3 +399,84 @@ def test_a_transformers_decode_step_runs_attention_on_the_grouped_cache(device, 
     for a, b, t in zip(again, expected, tuned):
         assert torch.equal(a, b)
         assert rel_err(t, b) < 2e-2
+
+
+def test_a_growing_cache_under_dynamic_shapes_compiles_in_one_graph(device):
+    """torch.compile with dynamic shapes (a cache growing call to call, fullgraph): the routing
+    decision takes no call dimension, so the step traces in one graph with the custom op, which
+    resolves each call's KV length itself (nearest entry)."""
+    torch.manual_seed(0)
+    model = StackedAttention().to(torch.bfloat16).eval().requires_grad_(False)
+    att = {"batch": BATCH, "heads": HEADS, "kv_heads": KV_HEADS, "kv_len": KV_LEN,
+           "head_dim": HEAD_DIM, "dtype": "bfloat16"}
+    write_export(device, [("attention", att)])
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    step = torch.compile(model, backend=backend, dynamic=True, fullgraph=True)
+    x = torch.randn(BATCH, 1, HIDDEN).to(torch.bfloat16)
+    with torch.no_grad(), serving.installed(model, export_dir=device / "nvidia-h200",
+                                            families=("attention",)) as handle:
+        for kv_len in (KV_LEN, KV_LEN + 5, KV_LEN + 11):
+            k = torch.randn(BATCH, KV_HEADS, kv_len, HEAD_DIM).to(torch.bfloat16)
+            mask = torch.ones(BATCH, 1, 1, kv_len, dtype=torch.bool)
+            out = step(x, k, torch.randn_like(k), mask)
+            assert out.shape == x.shape
+        hits = sum(handle.hits()["attention"].values())
+    torch._dynamo.reset()
+    assert len(graphs) == 1 and hits == 9
+    ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert sum("tuner.decode_attention" in op for op in ops) == 3
+
+
+def test_a_rewritten_export_in_the_same_folder_is_routed_anew(device):
+    """The compiled decision is keyed by the export folder and its manifest: an export written
+    into a folder that was empty when the step compiled recompiles the step, which then routes."""
+    torch.manual_seed(0)
+    model = StackedAttention().to(torch.bfloat16).eval().requires_grad_(False)
+    _, (x, k, v) = make_model_and_inputs()
+    mask = torch.ones(BATCH, 1, 1, KV_LEN, dtype=torch.bool)
+    folder = device / "nvidia-h200"
+    folder.mkdir(parents=True)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def routed() -> int:
+        return sum("tuner.decode_attention" in str(n.target) for n in graphs[-1].graph.nodes)
+
+    torch._dynamo.reset()
+    step = torch.compile(model, backend=backend, dynamic=False)
+    with torch.no_grad():
+        with serving.installed(model, export_dir=folder, families=("attention",)):
+            step(x, k, v, mask)
+        assert routed() == 0
+        write_export(device, [("attention", {"batch": BATCH, "heads": HEADS,
+                                             "kv_heads": KV_HEADS, "kv_len": KV_LEN,
+                                             "head_dim": HEAD_DIM, "dtype": "bfloat16"})])
+        with serving.installed(model, export_dir=folder, families=("attention",)) as handle:
+            step(x, k, v, mask)
+            assert sum(handle.hits()["attention"].values()) == 3
+        assert routed() == 3
+    torch._dynamo.reset()
+
+
+def test_a_call_with_autograd_stays_on_torchs_sdpa(device):
+    """The custom op has no backward: a decode call that autograd records is not routed."""
+    model, (x, k, v) = make_model_and_inputs()
+    write_export(device, model_shapes())
+    q = torch.randn(BATCH, HEADS, 1, HEAD_DIM).to(torch.bfloat16).requires_grad_(True)
+    with serving.installed(model, export_dir=device / "nvidia-h200",
+                           families=("attention",)) as handle:
+        out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        out.float().sum().backward()
+        assert q.grad is not None and not handle.hits()
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        assert sum(handle.hits()["attention"].values()) == 1

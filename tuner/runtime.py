@@ -378,6 +378,15 @@ def _repeated_kv_entry(shape: dict) -> tuple[dict | None, str | None]:
     return config, key
 
 
+def has_entries(family: str) -> bool:
+    """Whether the family's export loaded with at least one entry. Never raises (False)."""
+    try:
+        return bool(_loaded(family).entries)
+    except Exception as exc:  # noqa: BLE001 - never into the serving process
+        _lookup_failed(family, exc)
+        return False
+
+
 def lookup(family: str, shape: dict) -> dict | None:
     """The exported config for `shape` (exact or nearest), or None: then run the baseline path.
     Never raises into the caller: anything unexpected is None (the baseline path) and one

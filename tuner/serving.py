@@ -37,8 +37,9 @@ transformers it also takes transformers' "sdpa" attention function (AttentionInt
 installed: such a decode call then runs on the model's own grouped KV cache, without the
 repeat_kv copy transformers makes before SDPA when there is a mask (tuner.runtime serves it with
 the entry of its repeated-KV form, the shape a baseline trace records). Under torch.compile the
-routing decision is a constant of the install (`_attention_routed`): the compiled step recompiles
-once when installing, not per call.
+routing decision is a constant of the install (`_attention_routed`: whether its attention export
+has any entry): the compiled step recompiles once when installing, not per call, and traces
+with dynamic shapes; the custom op resolves each call's shape when it runs.
 """
 
 from __future__ import annotations
@@ -222,6 +223,8 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     every other call to torch's own SDPA, unchanged."""
     decode = (dropout_p == 0.0 and not is_causal and not kwargs
               and query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
+              and value.shape == key.shape and key.shape[3] == query.shape[3]
+              and _inference(query, key, value)
               and key.shape[1] > 0 and query.shape[1] % key.shape[1] == 0
               and (enable_gqa or key.shape[1] == query.shape[1])
               and _decode_mask(attn_mask, query, key))
@@ -236,36 +239,46 @@ def _has_attention_entry(query: torch.Tensor, key: torch.Tensor) -> bool:
     """Whether the attention export has a config for this decode call. A miss runs the caller's
     own SDPA call, unchanged (under torch.compile it stays in the compiled graph): routing it
     through the custom op only to run torch's SDPA from inside it cost 3.5 µs a call in the
-    compiled Qwen3-8B batch-32 step (BENCHMARKS.md)."""
+    compiled Qwen3-8B batch-32 step (BENCHMARKS.md).
+
+    Eagerly the decision is per call (exact shape, else nearest kv_len; a miss is counted).
+    While torch.compile traces, it is `_attention_routed`: whether the install's attention
+    export has entries at all, a constant of the install, whatever the call's dimensions (which
+    may be symbolic there); the custom op then resolves each call's shape itself at run time and
+    runs torch's SDPA inside it where the export has no entry for that shape."""
     if "attention" not in _enabled or query.dtype not in DTYPES:
         return False
-    shape = (("batch", int(query.shape[0])), ("heads", int(query.shape[1])),
-             ("kv_heads", int(key.shape[1])), ("kv_len", int(key.shape[2])),
-             ("head_dim", int(query.shape[3])), ("dtype", str(query.dtype).removeprefix("torch.")))
-    return _attention_routed(shape, _route_key)
+    dtype = str(query.dtype).removeprefix("torch.")
+    if torch.compiler.is_compiling():
+        return _attention_routed(_route_key)
+    shape = {"batch": int(query.shape[0]), "heads": int(query.shape[1]),
+             "kv_heads": int(key.shape[1]), "kv_len": int(key.shape[2]),
+             "head_dim": int(query.shape[3]), "dtype": dtype}
+    if ("attention", tuple(shape.items())) in _failed:
+        return False
+    if runtime.resolve("attention", shape)[0] is not None:
+        return True
+    runtime.lookup("attention", shape)  # counts the miss
+    return False
 
 
 @torch.compiler.assume_constant_result
-def _attention_routed(shape: tuple, route_key: str) -> bool:
-    """The routing decision for one decode attention shape (plain values in, a bool out).
+def _attention_routed(route_key: str) -> bool:
+    """The compiled step's routing decision (a plain value in, a bool out): whether the
+    install's attention export has any entry (tuner.runtime.has_entries).
 
     Dynamo calls this once per compile and keeps the answer as a constant instead of tracing the
     export lookup: tracing it guarded the compiled step on tuner.runtime's call counters, so
     every call recompiled the attention frame until Dynamo's recompile limit, after which that
     frame ran eagerly in every arm (the compiled A/B's tuned and A/A arms: BENCHMARKS.md,
-    2026-12-01 night).
-    `route_key` (the install's export folder and families) makes an install of another export
+    2026-12-01 night). It takes no call dimensions: under dynamic shapes they are symbolic, and
+    a constant cannot depend on them. `route_key` (the install's export folder, its manifest's
+    size and time, and the families) makes an install of another or a rewritten export
     recompile rather than reuse an answer from the earlier one, while installing the same export
     again (as `tuner ab` does to profile its tuned arm under a new capture) reuses the compiled
-    step: nothing compiles inside that capture. Eager calls count each miss; a compiled step
-    counts them at compile time."""
+    step: nothing compiles inside that capture."""
     del route_key
-    if ("attention", shape) in _failed:
-        return False
-    if runtime.resolve("attention", dict(shape))[0] is not None:
-        return True
-    runtime.lookup("attention", dict(shape))  # counts the miss
-    return False
+    return runtime.has_entries("attention")
 
 
 def _hf_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -288,10 +301,11 @@ def _hf_decode_call(module, query, key, value, mask, dropout, is_causal, kwargs)
     config; never raises (anything unexpected: transformers' own path, one warning)."""
     try:
         groups = int(getattr(module, "num_key_value_groups", 1) or 1)
-        return bool(dropout == 0.0 and not is_causal and not kwargs.get("output_attentions", False)
-                    and all(kwargs.get(name) is None for name in _HF_CHANGES_ATTENTION)
+        # is_causal: transformers itself ignores it for one query token
+        return bool(dropout == 0.0 and _plain_kwargs(kwargs) and _inference(query, key, value)
                     and query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
                     and value.shape == key.shape and key.shape[1] * groups == query.shape[1]
+                    and key.shape[3] == query.shape[3]
                     and _decode_mask(mask, query, key) and _has_attention_entry(query, key))
     except Exception as exc:  # noqa: BLE001 - serving must never raise into the caller
         _warn_once(("hf-attention", type(exc).__name__), "transformers attention call not read "
@@ -300,9 +314,23 @@ def _hf_decode_call(module, query, key, value, mask, dropout, is_causal, kwargs)
 
 
 _hf_own_sdpa = None  # transformers' own "sdpa" attention function (kept by install)
-# keyword arguments of transformers' attention functions that change what attention computes
-# beyond the mask (a bias, logit soft-capping, attention sinks): such a call is not ours
-_HF_CHANGES_ATTENTION = ("position_bias", "softcap", "s_aux", "sinks")
+# keyword arguments transformers passes its attention functions that do not change what SDPA
+# computes (positions, cache bookkeeping; a sliding window is in the mask, flash-only lengths):
+# a call with any other argument set (a position bias, soft-capping, attention sinks, one a
+# later transformers adds) stays transformers'
+_HF_PLAIN_KWARGS = frozenset({"cache_position", "position_ids", "use_cache", "sliding_window",
+                              "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+                              "past_key_values", "past_key_value", "layer_idx"})
+
+
+def _plain_kwargs(kwargs: dict) -> bool:
+    return all(value is None or value is False or name in _HF_PLAIN_KWARGS
+               for name, value in kwargs.items())
+
+
+def _inference(*tensors) -> bool:
+    """No autograd through the call: the custom op has no backward."""
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
 def _hf_attention_interface():
@@ -377,8 +405,8 @@ class Installed:
                 del module.__dict__["forward"]
         if self.sdpa:
             F.scaled_dot_product_attention = _SDPA
-        if self.hf_sdpa is not None:
-            self.hf_sdpa._global_mapping["sdpa"] = _hf_own_sdpa
+        if self.hf_sdpa is not None and self.hf_sdpa._global_mapping.get("sdpa") is _hf_sdpa:
+            self.hf_sdpa._global_mapping["sdpa"] = _hf_own_sdpa  # unless re-registered since
         if self.export_dir is not None:
             if self._old_env is None:
                 os.environ.pop("TUNER_EXPORT_DIR", None)
@@ -408,7 +436,7 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
     else:
         runtime.reset(counts_only=True)
     global _route_key
-    _route_key = repr((os.environ.get("TUNER_EXPORT_DIR", ""), tuple(families)))
+    _route_key = _install_key(tuple(families))
     _enabled.clear()
     _enabled.update(families)
     if "gemv" in families or "gemm" in families:
@@ -428,6 +456,19 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
             interface._global_mapping["sdpa"] = _hf_sdpa
             handle.hf_sdpa = interface
     return handle
+
+
+def _install_key(families: tuple) -> str:
+    """What an install's routing reads: the export folder (the one runtime loads from), its
+    manifest's size and modification time (a rewritten export is another export), the families."""
+    folder = written = None
+    try:
+        folder = runtime.export_dir()
+        stat = (folder / "manifest.json").stat()
+        written = (stat.st_size, stat.st_mtime_ns)
+    except Exception:  # noqa: BLE001 - no manifest (or no device to name the folder): no export
+        pass
+    return repr((str(folder), written, families))
 
 
 @contextlib.contextmanager

@@ -138,7 +138,7 @@ def attention_shape(op: Op) -> dict | None:
             out.update(batch=q[0], heads=q[1], q_len=q[2], head_dim=q[3])
             if len(kk) == 4:
                 out.update(kv_heads=kk[1], kv_len=kk[2])
-                _unpack_gqa(dims, out)
+                _unpack_gqa(dims, op.strides, out)
         else:
             out.update(batch=q[0], q_len=q[1], heads=q[2], head_dim=q[3])
             if len(kk) == 4:
@@ -153,19 +153,27 @@ def attention_shape(op: Op) -> dict | None:
     return out
 
 
-def _unpack_gqa(dims: list, out: dict) -> None:
+def _unpack_gqa(dims: list, strides: list, out: dict) -> None:
     """transformers' single-token GQA packing (its SDPA attention from about 5.2x, eager): a
     decode call's query [batch, heads, 1, d] goes to SDPA as [batch, kv_heads, heads/kv_heads,
     d] over the unrepeated cache, with the static cache's mask of the one query row [batch|1, 1,
     1, kv_len] broadcast over the packed rows. Read back as what it is: one query token, `heads`
-    query heads on kv_heads KV heads. A prefill's mask has a row per query ([.., q_len, kv_len])
-    or none (is_causal); self-attention over the same tokens (kv_len = q_len) is left alone."""
+    query heads on kv_heads KV heads. The signs, all needed: a one-row mask over several query
+    rows, at most 16 of them (a GQA group), a KV length unlike the query length (self-attention
+    over the same tokens is left alone) and, where the trace has strides, the packed query's
+    (rows d apart, heads rows x d apart: a query transposed from [batch, len, heads, d], as a
+    cross-attention's is, is not packed)."""
     mask = _input(dims, 3)
-    q_len, heads = out["q_len"], out["heads"]
-    if (mask and len(mask) == 4 and mask[2] == 1 and mask[1] == 1 and q_len and q_len > 1
-            and heads and out["kv_heads"] == heads and out["kv_len"] != q_len
-            and mask[3] == out["kv_len"]):
-        out.update(heads=heads * q_len, q_len=1)
+    q_len, heads, head_dim = out["q_len"], out["heads"], out["head_dim"]
+    if not (mask and len(mask) == 4 and mask[2] == 1 and mask[1] == 1 and q_len
+            and 1 < q_len <= 16 and heads and out["kv_heads"] == heads
+            and out["kv_len"] != q_len and mask[3] == out["kv_len"]):
+        return
+    q_strides = _sizes(strides[0]) if strides else None
+    if q_strides is not None and len(q_strides) == 4 and not (
+            q_strides[3] == 1 and q_strides[2] == head_dim and q_strides[1] == q_len * head_dim):
+        return
+    out.update(heads=heads * q_len, q_len=1)
 
 
 def _varlen_shape(q: list, kk: list, dims: list, out: dict) -> None:
