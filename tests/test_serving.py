@@ -264,22 +264,15 @@ class StackedAttention(nn.Module):
         return x
 
 
-@pytest.mark.parametrize("exported", [False, True], ids=["attention-miss", "attention-hit"])
-def test_the_compiled_step_compiles_once_per_install_with_attention_routed(device, exported):
-    """Under torch.compile the attention routing decision is a constant of the install: the
-    tuned step compiles once whether the export has the shape or not (no recompile per call,
-    no graph break per layer), and after uninstall the baseline's compiled code runs again.
-    Tracing the export lookup recompiled per layer until Dynamo's limit and left the frame eager
-    in every later arm of `tuner ab --compile` (2026-12-01)."""
+ATTENTION = {"batch": BATCH, "heads": HEADS, "kv_heads": KV_HEADS, "kv_len": KV_LEN,
+             "head_dim": HEAD_DIM, "dtype": "bfloat16"}
+
+
+def compiled_stack(**compile_kwargs):
+    """StackedAttention compiled with a backend that keeps every graph Dynamo hands it:
+    (model, step, graphs)."""
     torch.manual_seed(0)
     model = StackedAttention().to(torch.bfloat16).eval().requires_grad_(False)
-    _, (x, k, v) = make_model_and_inputs()
-    mask = (torch.arange(KV_LEN) < KV_LEN - 3)[None, None, None, :].expand(BATCH, 1, 1, KV_LEN)
-    att = {"batch": BATCH, "heads": HEADS, "kv_heads": KV_HEADS, "kv_len": KV_LEN,
-           "head_dim": HEAD_DIM, "dtype": "bfloat16"}
-    (device / "nvidia-h200").mkdir(parents=True)
-    if exported:
-        write_export(device, [("attention", att)])
     graphs = []
 
     def backend(gm, example_inputs):
@@ -287,7 +280,22 @@ def test_the_compiled_step_compiles_once_per_install_with_attention_routed(devic
         return gm.forward
 
     torch._dynamo.reset()
-    step = torch.compile(model, backend=backend, dynamic=False)
+    return model, torch.compile(model, backend=backend, **compile_kwargs), graphs
+
+
+@pytest.mark.parametrize("exported", [False, True], ids=["attention-miss", "attention-hit"])
+def test_the_compiled_step_compiles_once_per_install_with_attention_routed(device, exported):
+    """Under torch.compile the attention routing decision is a constant of the install: the
+    tuned step compiles once whether the export has the shape or not (no recompile per call,
+    no graph break per layer), and after uninstall the baseline's compiled code runs again.
+    Tracing the export lookup recompiled per layer until Dynamo's limit and left the frame eager
+    in every later arm of `tuner ab --compile` (2026-12-01)."""
+    model, step, graphs = compiled_stack(dynamic=False)
+    _, (x, k, v) = make_model_and_inputs()
+    mask = (torch.arange(KV_LEN) < KV_LEN - 3)[None, None, None, :].expand(BATCH, 1, 1, KV_LEN)
+    (device / "nvidia-h200").mkdir(parents=True)
+    if exported:
+        write_export(device, [("attention", ATTENTION)])
     with torch.no_grad():
         expected = step(x, k, v, mask)
         assert len(graphs) == 1
@@ -405,19 +413,8 @@ def test_a_growing_cache_under_dynamic_shapes_compiles_in_one_graph(device):
     """torch.compile with dynamic shapes (a cache growing call to call, fullgraph): the routing
     decision takes no call dimension, so the step traces in one graph with the custom op, which
     resolves each call's KV length itself (nearest entry)."""
-    torch.manual_seed(0)
-    model = StackedAttention().to(torch.bfloat16).eval().requires_grad_(False)
-    att = {"batch": BATCH, "heads": HEADS, "kv_heads": KV_HEADS, "kv_len": KV_LEN,
-           "head_dim": HEAD_DIM, "dtype": "bfloat16"}
-    write_export(device, [("attention", att)])
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    step = torch.compile(model, backend=backend, dynamic=True, fullgraph=True)
+    model, step, graphs = compiled_stack(dynamic=True, fullgraph=True)
+    write_export(device, [("attention", ATTENTION)])
     x = torch.randn(BATCH, 1, HIDDEN).to(torch.bfloat16)
     with torch.no_grad(), serving.installed(model, export_dir=device / "nvidia-h200",
                                             families=("attention",)) as handle:
@@ -436,30 +433,20 @@ def test_a_growing_cache_under_dynamic_shapes_compiles_in_one_graph(device):
 def test_a_rewritten_export_in_the_same_folder_is_routed_anew(device):
     """The compiled decision is keyed by the export folder and its manifest: an export written
     into a folder that was empty when the step compiled recompiles the step, which then routes."""
-    torch.manual_seed(0)
-    model = StackedAttention().to(torch.bfloat16).eval().requires_grad_(False)
+    model, step, graphs = compiled_stack(dynamic=False)
     _, (x, k, v) = make_model_and_inputs()
     mask = torch.ones(BATCH, 1, 1, KV_LEN, dtype=torch.bool)
     folder = device / "nvidia-h200"
     folder.mkdir(parents=True)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
 
     def routed() -> int:
         return sum("tuner.decode_attention" in str(n.target) for n in graphs[-1].graph.nodes)
 
-    torch._dynamo.reset()
-    step = torch.compile(model, backend=backend, dynamic=False)
     with torch.no_grad():
         with serving.installed(model, export_dir=folder, families=("attention",)):
             step(x, k, v, mask)
         assert routed() == 0
-        write_export(device, [("attention", {"batch": BATCH, "heads": HEADS,
-                                             "kv_heads": KV_HEADS, "kv_len": KV_LEN,
-                                             "head_dim": HEAD_DIM, "dtype": "bfloat16"})])
+        write_export(device, [("attention", ATTENTION)])
         with serving.installed(model, export_dir=folder, families=("attention",)) as handle:
             step(x, k, v, mask)
             assert sum(handle.hits()["attention"].values()) == 3
