@@ -69,13 +69,26 @@ class ABVerdict:
         return base / self.ceiling_step_us
 
     @property
+    def linear_saving_us(self) -> float:
+        """What the linears saved: the measured saving of the attributed linear shapes (those
+        with a floor), else, without an attribution, the whole step's saving."""
+        rows = [r for r in self.attribution
+                if math.isfinite(float(r.get("floor_us", math.nan)))
+                and math.isfinite(float(r.get("measured_saving_us", math.nan)))]
+        if not rows:
+            return self.saving_us
+        return sum(float(r["measured_saving_us"]) for r in rows)
+
+    @property
     def ceiling_reached(self) -> float:
-        """The measured saving as a share of the linears' headroom (baseline - ceiling step)."""
+        """The linears' measured saving as a share of their headroom (baseline - ceiling step).
+        Attention and the other kernels are outside that headroom: counting the whole step's
+        saving gave 298% for the eager Qwen3-8B batch-32 step with decode attention served."""
         base = (self.arms.get("baseline") or {}).get("median_us", math.nan)
         headroom = base - self.ceiling_step_us
         if not (math.isfinite(headroom) and headroom > 0):
             return math.nan
-        return self.saving_us / headroom
+        return self.linear_saving_us / headroom
 
     @property
     def exit_code(self) -> int:
@@ -93,6 +106,7 @@ class ABVerdict:
         data["measured_over_projected"] = self.measured_over_projected
         data["ceiling_speedup"] = self.ceiling_speedup
         data["ceiling_reached"] = self.ceiling_reached
+        data["linear_saving_us"] = self.linear_saving_us
         return _finite(data)
 
 
@@ -325,8 +339,9 @@ def summary_lines(v: ABVerdict) -> list[str]:
         out.append("  greedy   first divergence (step): " + "; ".join(parts))
     if math.isfinite(v.ceiling_step_us):
         out.append(f"  ceiling  every linear at its floor: {v.ceiling_step_us:.1f} us/step, "
-                   f"{_f(v.ceiling_speedup, '.4f')}x at most; this export got "
-                   f"{_f(100 * v.ceiling_reached, '.0f')}% of that headroom ({v.floor_profile})")
+                   f"{_f(v.ceiling_speedup, '.4f')}x at most; the linears saved "
+                   f"{_f(v.linear_saving_us, '.1f')} us of it, {_f(100 * v.ceiling_reached, '.0f')}% "
+                   f"({v.floor_profile})")
     for row in v.attribution[:12]:
         out.append(f"    {row['shape']:<40} x{row['calls_per_step']:<5g} base "
                    f"{_f(row['baseline_us'], '8.1f')} tuned {_f(row['tuned_us'], '8.1f')} us/step, "
@@ -359,8 +374,9 @@ def markdown(v: ABVerdict) -> str:
     if math.isfinite(v.ceiling_step_us):
         lines += [f"Ceiling of linear tuning: with every attributed linear shape at its floor the "
                   f"baseline step would take {v.ceiling_step_us:.1f} µs "
-                  f"({_f(v.ceiling_speedup, '.4f')}× at most); this export got "
-                  f"{_f(100 * v.ceiling_reached, '.0f')}% of that headroom. Floors on "
+                  f"({_f(v.ceiling_speedup, '.4f')}× at most); the linears saved "
+                  f"{_f(v.linear_saving_us, '.1f')} µs of that headroom "
+                  f"({_f(100 * v.ceiling_reached, '.0f')}%). Floors on "
                   f"{v.floor_profile}.", ""]
     tf = (v.outputs or {}).get("teacher_forced") or {}
     if tf:
