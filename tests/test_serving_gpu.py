@@ -183,3 +183,72 @@ def test_decode_attention_captures_and_replays(tmp_path, case):
     assert len(result["hits"]["attention"]) == 1 and result["rel_err"] < 2e-2, result
     if case["masked"]:
         assert result["rel_err_next"] < 2e-2, result
+
+
+HF_CHILD = r'''
+import json, sys, torch
+sys.path.insert(0, sys.argv[1] + "/tests")
+from tuner import runtime, serving
+from tuner.ab.harness import hf_factory, make_harness
+from test_serving import write_export
+root, config_path = sys.argv[2], sys.argv[3]
+ident = runtime.current_identity()
+h = make_harness(hf_factory(config_path), batch=4, prompt=16, steps=8, dtype=torch.bfloat16,
+                 device="cuda")
+with torch.no_grad():
+    h.prefill()
+    with serving.installed(h.model, export_dir=root + "/" + ident["key"], families=("attention",)) as hd:
+        h.decode()  # no export yet: the misses name the grouped call
+        miss = [dict(kv.split("=") for kv in m.split(",")) for m in hd.misses()["attention"]]
+    grouped = min(({k: v if k == "dtype" else int(v) for k, v in m.items()} for m in miss),
+                  key=lambda m: m["kv_heads"])
+    repeated = dict(grouped, kv_heads=grouped["heads"])  # what a baseline trace records
+    write_export(root, [("attention", repeated, {"HEADS_PER_BLOCK": 1, "BLOCK_N": 32,
+                                                 "SPLIT_KV": 1, "num_warps": 4, "num_stages": 2})],
+                 identity=ident)
+    runtime.reset()
+    h.prefill()
+    baseline = h.decode().clone()
+    h.prefill()
+    with serving.installed(h.model, export_dir=root + "/" + ident["key"], families=("attention",)) as hd:
+        hd.warmup(h.decode)
+        h.prefill()
+        tuned_eager = h.decode().clone()
+        h.prefill()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = h.decode()
+        hits = hd.hits()
+    h.prefill()
+    for _ in range(50):
+        graph.replay()
+    torch.cuda.synchronize()
+    h.prefill()
+    graph.replay()
+    torch.cuda.synchronize()
+err = float((out.float() - baseline.float()).norm() / baseline.float().norm())
+print(json.dumps({"grouped": grouped, "hits": hits, "rel_err": err,
+                  "bitwise_graph_vs_eager": bool(torch.equal(out, tuned_eager))}))
+'''
+
+
+def test_a_transformers_decode_step_on_the_grouped_cache_captures_and_replays(tmp_path):
+    """transformers' attention taken by tuner.serving (decode on the grouped static cache, the
+    repeated-KV entry), in a captured decode step replayed 50 times: the replay equals the
+    tuned eager step bit for bit and the baseline step within bf16 rounding."""
+    _gpu_or_skip()
+    pytest.importorskip("transformers")
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+              "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
+              "num_hidden_layers": 2, "vocab_size": 1024, "max_position_embeddings": 256,
+              "rms_norm_eps": 1e-5, "head_dim": 64}
+    path = tmp_path / "llama.json"
+    path.write_text(json.dumps(config))
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", HF_CHILD, str(ROOT), str(tmp_path / "e"),
+                           str(path)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["grouped"]["kv_heads"] == 2 and result["grouped"]["heads"] == 8, result
+    assert sum(result["hits"]["attention"].values()) >= 2, result  # both layers routed
+    assert result["bitwise_graph_vs_eager"] and result["rel_err"] < 2e-2, result
