@@ -3,7 +3,8 @@
 #   1. ATTN="model:batch:base_export ...": trace the baseline step (tuner ab --trace-only), harvest,
 #      tuner search --family attention (SEARCH_S, default 40 s), rank, export into a copy of
 #      base_export (the manifest keeps its other families), then tuner ab --compile with it;
-#   AB_EAGER=1: every tuner ab without --compile (the eager step);
+#   AB_EAGER=1: every tuner ab without --compile (the eager step); GROUPED=1: search the grouped
+#   attention call (scripts/gpu/grouped_rows.py) instead of the repeated-KV one the trace records;
 #   GPU_TESTS: pytest targets run first (marker gpu); RANK_ARGS: extra tuner rank flags;
 #   2. AB_EXPORTS="label:model:batch:export_dir ...": tuner ab --compile of saved exports.
 # Logs: $OUT/session.log, $OUT/abc_<model>-b<batch>.json/.md, $OUT/abx_<label>.json/.md,
@@ -44,6 +45,9 @@ for item in ${ATTN:-}; do
   cap=$(ls "$D"/trace/*/traces/baseline_capture.pt.trace.json | head -n 1)
   stamp "$tag: harvest"
   timeout 120 python3 -m tuner.cli harvest "$rep" --capture "$cap" -o "$D/shapes.parquet" 2>&1 | tail -n 9 | tee -a "$LOG"
+  if [ "${GROUPED:-0}" = 1 ]; then  # search the grouped call serving runs (head stacking), not the repeated one
+    python3 scripts/gpu/grouped_rows.py "$D/shapes.parquet" "$cfg" "$D/shapes.parquet" 2>&1 | tee -a "$LOG"
+  fi
   stamp "$tag: search attention ${SEARCH_S}s"
   timeout $((SEARCH_S + 90)) python3 -m tuner.cli search "$D/shapes.parquet" --family attention --graph-captured \
     --timeout "${SEARCH_S}s" --storage "$D/studies.db" --no-progress --device $DEV > "$D/search.log" 2>&1
