@@ -52,12 +52,16 @@ class HFDecode:
         self.cache = StaticCache(config=model.config, max_cache_len=self.prompt_len + steps + 2)
         self.tokens = torch.zeros(self.batch, 1, dtype=torch.long, device=device)
         self.position = torch.zeros(1, dtype=torch.long, device=device)
+        # the cache's keyword: `cache` from transformers ~5.2x (`past_key_values` deprecated, to
+        # go in 5.40), `past_key_values` before
+        params = inspect.signature(type(model).forward).parameters
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
 
     @torch.no_grad()
     def prefill(self) -> torch.Tensor:
         self.cache.reset()
         positions = torch.arange(self.prompt_len, device=self.prompt.device)
-        out = self.model(input_ids=self.prompt, past_key_values=self.cache,
+        out = self.model(input_ids=self.prompt, **{self.cache_arg: self.cache},
                          cache_position=positions, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1, :]
         self.tokens.copy_(logits.argmax(-1, keepdim=True))
@@ -73,7 +77,7 @@ class HFDecode:
             length = getattr(layer, "cumulative_length", None)
             if isinstance(length, torch.Tensor):
                 length.copy_(self.position.view(()))
-        out = self.model(input_ids=self.tokens, past_key_values=self.cache,
+        out = self.model(input_ids=self.tokens, **{self.cache_arg: self.cache},
                          cache_position=self.position, use_cache=True)
         return out.logits[:, -1, :]
 
