@@ -64,9 +64,12 @@ def _sdpa_op(q, k, mask, q_strides=None):
     # a causal prefill's mask has a row per query
     ("prefill", [1, 8, 4, 128], [1, 8, 162, 128], [1, 1, 4, 162], [4096, 512, 128, 1],
      (8, 8, 4)),
+    # multi-query: 48 query heads packed on one KV head
+    ("mqa", [2, 1, 48, 128], [2, 1, 162, 128], [2, 1, 1, 162], [6144, 6144, 128, 1],
+     (48, 1, 1)),
     # more packed rows than any GQA group
-    ("long", [1, 8, 64, 128], [1, 8, 162, 128], [1, 1, 1, 162], [65536, 8192, 128, 1],
-     (8, 8, 64)),
+    ("long", [1, 8, 256, 128], [1, 8, 1024, 128], [1, 1, 1, 1024], [262144, 32768, 128, 1],
+     (8, 8, 256)),
 ])
 def test_only_transformers_packed_decode_is_unpacked(case, q, k, mask, strides, expected):
     from tuner.harvest.shapes import attention_shape

@@ -467,3 +467,91 @@ def test_a_call_with_autograd_stays_on_torchs_sdpa(device):
         with torch.no_grad():
             F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         assert sum(handle.hits()["attention"].values()) == 1
+
+
+def test_a_masked_grouped_miss_inside_the_op_runs_transformers_computation(device):
+    """A call the op cannot serve (no entry for its batch: a compiled step routes by structure)
+    runs, for a masked grouped call, SDPA on the repeated KV heads, as transformers does (torch's
+    SDPA with grouped heads and a mask would take its math kernel)."""
+    _, (x, k, v) = make_model_and_inputs()
+    write_export(device, [("attention", dict(ATTENTION, batch=BATCH + 1))])
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(BATCH, HEADS, 1, HEAD_DIM, generator=g).to(torch.bfloat16)
+    keep = (torch.arange(KV_LEN) < KV_LEN - 5)[None, None, None, :].expand(BATCH, 1, 1, KV_LEN)
+    group = HEADS // KV_HEADS
+    expected = serving._SDPA(q, k.repeat_interleave(group, dim=1),
+                             v.repeat_interleave(group, dim=1), attn_mask=keep, scale=0.25)
+    with serving.installed(torch.nn.Linear(2, 2), export_dir=device / "nvidia-h200",
+                           families=("attention",)) as handle:
+        out = torch.ops.tuner.decode_attention(q, k, v, keep, 0.25)
+        assert not handle.hits() and sum(handle.misses()["attention"].values()) == 1
+    assert torch.equal(out, expected)
+
+
+def test_a_compiled_transformers_step_with_an_export_of_other_shapes_computes_the_baseline(device):
+    """Compiled, routing is decided per install, not per call shape (the shapes may be symbolic):
+    with an export of another batch (the transformers route matches the module's structure) or
+    of another head_dim (transformers' own path then calls SDPA, which any attention entry
+    routes), the calls go into the op, which finds no entry and computes the baseline there:
+    the step's output is the baseline's, and nothing counts as a hit."""
+    pytest.importorskip("transformers")
+    import json as _json
+
+    from tuner.ab.harness import hf_factory, make_harness
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 256,
+              "rms_norm_eps": 1e-5, "head_dim": 16}
+    path = device.parent / "tiny_llama.json"
+    path.write_text(_json.dumps(config))
+    h = make_harness(hf_factory(path), batch=1, prompt=4, steps=3, dtype=torch.bfloat16,
+                     device="cpu")
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    eager = h.decode
+    h.decode = torch.compile(eager, backend=backend, dynamic=False)
+    one_head = {"HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "SPLIT_KV": 1, "num_warps": 2,
+                "num_stages": 1}
+    routed = {}
+    with torch.no_grad():
+        h.prefill()
+        expected = h.decode().clone()
+        for name, shape in (("other batch", {"batch": 3, "heads": 4, "kv_heads": 4,
+                                              "kv_len": 9, "head_dim": 16, "dtype": "bfloat16"}),
+                            ("other head_dim", {"batch": 1, "heads": 4, "kv_heads": 4,
+                                                "kv_len": 9, "head_dim": 32,
+                                                "dtype": "bfloat16"})):
+            write_export(device, [("attention", shape, one_head)])
+            h.prefill()
+            with serving.installed(h.model, export_dir=device / "nvidia-h200",
+                                   families=("attention",)) as handle:
+                out = h.decode().clone()
+                assert not handle.hits()
+            ops = [str(n.target) for n in graphs[-1].graph.nodes if n.op == "call_function"]
+            routed[name] = sum("tuner.decode_attention" in op for op in ops)
+            assert rel_err(out, expected) < 1e-2, name
+    torch._dynamo.reset()
+    assert routed == {"other batch": 2, "other head_dim": 2}
+    assert len(graphs) == 3  # the baseline, then one compile per install of a new export
+
+
+def test_has_entries_matches_a_part_of_the_shape_and_the_repeated_kv_form(device):
+    write_export(device, [("attention", dict(ATTENTION, kv_heads=HEADS),
+                           {"HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "SPLIT_KV": 1, "num_warps": 2,
+                            "num_stages": 1})])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TUNER_EXPORT_DIR", str(device / "nvidia-h200"))
+        runtime.reset()
+        grouped = {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+                   "dtype": "bfloat16"}
+        assert runtime.has_entries("attention") and runtime.has_entries("attention", grouped)
+        assert not runtime.has_entries("attention", dict(grouped, head_dim=2 * HEAD_DIM))
+        assert not runtime.has_entries("attention", dict(grouped, batch=BATCH + 1))
+        assert not runtime.has_entries("gemv")
+    runtime.reset()

@@ -193,6 +193,9 @@ from tuner.ab.harness import hf_factory, make_harness
 from test_serving import write_export
 root, config_path = sys.argv[2], sys.argv[3]
 ident = runtime.current_identity()
+if not ident:
+    print(json.dumps({"skip": "no device identity"}))
+    sys.exit(0)
 h = make_harness(hf_factory(config_path), batch=4, prompt=16, steps=8, dtype=torch.bfloat16,
                  device="cuda")
 with torch.no_grad():
@@ -214,20 +217,31 @@ with torch.no_grad():
         hd.warmup(h.decode)
         h.prefill()
         tuned_eager = h.decode().clone()
+        side = torch.cuda.Stream()  # as tuner ab captures: warm up on a side stream first
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                h.prefill()
+                h.decode()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
         h.prefill()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = h.decode()
         hits = hd.hits()
+    warned_capture = [w for w in serving._warned if w and w[0] == "capture"]
     h.prefill()
     for _ in range(50):
         graph.replay()
     torch.cuda.synchronize()
     h.prefill()
+    out.fill_(float("nan"))  # the last replay must compute its output again
     graph.replay()
     torch.cuda.synchronize()
 err = float((out.float() - baseline.float()).norm() / baseline.float().norm())
 print(json.dumps({"grouped": grouped, "hits": hits, "rel_err": err,
+                  "warned_capture": len(warned_capture),
                   "bitwise_graph_vs_eager": bool(torch.equal(out, tuned_eager))}))
 '''
 
@@ -249,6 +263,9 @@ def test_a_transformers_decode_step_on_the_grouped_cache_captures_and_replays(tm
                            str(path)], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skip" in result:
+        pytest.skip(result["skip"])
     assert result["grouped"]["kv_heads"] == 2 and result["grouped"]["heads"] == 8, result
-    assert sum(result["hits"]["attention"].values()) >= 2, result  # both layers routed
+    # 2 layers x (warm-up, eager, 2 side-stream warm-ups, capture): every call on the kernel
+    assert sum(result["hits"]["attention"].values()) == 10 and not result["warned_capture"], result
     assert result["bitwise_graph_vs_eager"] and result["rel_err"] < 2e-2, result

@@ -378,10 +378,25 @@ def _repeated_kv_entry(shape: dict) -> tuple[dict | None, str | None]:
     return config, key
 
 
-def has_entries(family: str) -> bool:
-    """Whether the family's export loaded with at least one entry. Never raises (False)."""
+def has_entries(family: str, fixed: dict | None = None) -> bool:
+    """Whether the family's export has an entry whose shape agrees with `fixed` (a part of a
+    shape, e.g. an attention call's heads, kv_heads, head_dim and dtype, whatever its batch and
+    KV length; None or {}: any entry), counting, for attention, the repeated-KV form of a
+    grouped call as `resolve` does. Never raises (False)."""
     try:
-        return bool(_loaded(family).entries)
+        entries = _loaded(family).entries
+        fixed = {k: normalize_value(v) for k, v in (fixed or {}).items()}
+        wanted = [fixed]
+        if (family == "attention" and "heads" in fixed and "kv_heads" in fixed
+                and int(fixed["kv_heads"]) < int(fixed["heads"])):
+            wanted.append({**fixed, "kv_heads": fixed["heads"]})
+        for items, (_key, config) in entries.items():
+            shape = dict(items)
+            for i, part in enumerate(wanted):
+                if all(shape.get(k) == v for k, v in part.items()) and (
+                        i == 0 or int(config.get("HEADS_PER_BLOCK", 1)) == 1):
+                    return True
+        return False
     except Exception as exc:  # noqa: BLE001 - never into the serving process
         _lookup_failed(family, exc)
         return False

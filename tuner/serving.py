@@ -176,6 +176,12 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     inputs = {"q": q3, "k": k, "v": v, "mask": mask, "scale": scale}
 
     def baseline():
+        if mask is not None and q3.dim() == 3 and k.dim() == 4 and k.shape[1] < q3.shape[1]:
+            # transformers' own path for such a call: the KV heads repeated, then SDPA (torch's
+            # SDPA given grouped heads and a mask falls back to its math kernel)
+            group = q3.shape[1] // k.shape[1]
+            return attention.baseline(dict(inputs, k=k.repeat_interleave(group, dim=1),
+                                           v=v.repeat_interleave(group, dim=1)))
         return attention.baseline(inputs)
 
     if (q.dtype not in DTYPES or not _runs_kernels(q) or k.stride(-1) != 1 or v.stride(-1) != 1
@@ -235,22 +241,25 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
                  scale=scale, enable_gqa=enable_gqa, **kwargs)
 
 
-def _has_attention_entry(query: torch.Tensor, key: torch.Tensor) -> bool:
+def _has_attention_entry(query: torch.Tensor, key: torch.Tensor, structure: tuple = ()) -> bool:
     """Whether the attention export has a config for this decode call. A miss runs the caller's
     own SDPA call, unchanged (under torch.compile it stays in the compiled graph): routing it
     through the custom op only to run torch's SDPA from inside it cost 3.5 µs a call in the
     compiled Qwen3-8B batch-32 step (BENCHMARKS.md).
 
     Eagerly the decision is per call (exact shape, else nearest kv_len; a miss is counted).
-    While torch.compile traces, it is `_attention_routed`: whether the install's attention
-    export has entries at all, a constant of the install, whatever the call's dimensions (which
-    may be symbolic there); the custom op then resolves each call's shape itself at run time and
-    runs torch's SDPA inside it where the export has no entry for that shape."""
+    While torch.compile traces, it is `_attention_routed`: a constant of the install and of
+    `structure`, the call's attention structure as plain ints ((name, value) pairs: heads,
+    kv_heads, head_dim, dtype, from the transformers module's attributes; empty from a bare SDPA
+    call, whose dimensions may be symbolic there): whether the export has an entry of that
+    structure, whatever the batch and KV length. The custom op then resolves each call's shape
+    when it runs; where the export lacks that batch, it runs the baseline inside the op (for a
+    masked grouped call, transformers' repeat-then-SDPA)."""
     if "attention" not in _enabled or query.dtype not in DTYPES:
         return False
     dtype = str(query.dtype).removeprefix("torch.")
     if torch.compiler.is_compiling():
-        return _attention_routed(_route_key)
+        return _attention_routed(structure + (("dtype", dtype),) if structure else (), _route_key)
     shape = {"batch": int(query.shape[0]), "heads": int(query.shape[1]),
              "kv_heads": int(key.shape[1]), "kv_len": int(key.shape[2]),
              "head_dim": int(query.shape[3]), "dtype": dtype}
@@ -263,22 +272,23 @@ def _has_attention_entry(query: torch.Tensor, key: torch.Tensor) -> bool:
 
 
 @torch.compiler.assume_constant_result
-def _attention_routed(route_key: str) -> bool:
-    """The compiled step's routing decision (a plain value in, a bool out): whether the
-    install's attention export has any entry (tuner.runtime.has_entries).
+def _attention_routed(structure: tuple, route_key: str) -> bool:
+    """The compiled step's routing decision (plain values in, a bool out): whether the
+    install's attention export has an entry of `structure` (any entry when it is empty;
+    tuner.runtime.has_entries).
 
     Dynamo calls this once per compile and keeps the answer as a constant instead of tracing the
     export lookup: tracing it guarded the compiled step on tuner.runtime's call counters, so
     every call recompiled the attention frame until Dynamo's recompile limit, after which that
     frame ran eagerly in every arm (the compiled A/B's tuned and A/A arms: BENCHMARKS.md,
-    2026-12-01 night). It takes no call dimensions: under dynamic shapes they are symbolic, and
-    a constant cannot depend on them. `route_key` (the install's export folder, its manifest's
+    2026-12-01 night). It takes no tensor dimension: under dynamic shapes they are symbolic, and
+    a constant cannot depend on them (a module's int attributes are constants there). `route_key` (the install's export folder, its manifest's
     size and time, and the families) makes an install of another or a rewritten export
     recompile rather than reuse an answer from the earlier one, while installing the same export
     again (as `tuner ab` does to profile its tuned arm under a new capture) reuses the compiled
     step: nothing compiles inside that capture."""
     del route_key
-    return runtime.has_entries("attention")
+    return runtime.has_entries("attention", dict(structure))
 
 
 def _hf_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -306,7 +316,8 @@ def _hf_decode_call(module, query, key, value, mask, dropout, is_causal, kwargs)
                     and query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
                     and value.shape == key.shape and key.shape[1] * groups == query.shape[1]
                     and key.shape[3] == query.shape[3]
-                    and _decode_mask(mask, query, key) and _has_attention_entry(query, key))
+                    and _decode_mask(mask, query, key)
+                    and _has_attention_entry(query, key, _hf_structure(module, groups)))
     except Exception as exc:  # noqa: BLE001 - serving must never raise into the caller
         _warn_once(("hf-attention", type(exc).__name__), "transformers attention call not read "
                    "(%s: %s); transformers' own attention runs", type(exc).__name__, exc)
@@ -321,6 +332,17 @@ _hf_own_sdpa = None  # transformers' own "sdpa" attention function (kept by inst
 _HF_PLAIN_KWARGS = frozenset({"cache_position", "position_ids", "use_cache", "sliding_window",
                               "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
                               "past_key_values", "past_key_value", "layer_idx"})
+
+
+def _hf_structure(module, groups: int) -> tuple:
+    """A transformers attention module's structure as plain ints (its config's head counts and
+    its head_dim), or () where it does not say."""
+    config = getattr(module, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(module, "head_dim", None)
+    if not (isinstance(heads, int) and isinstance(head_dim, int) and heads % groups == 0):
+        return ()
+    return (("heads", heads), ("kv_heads", heads // groups), ("head_dim", head_dim))
 
 
 def _plain_kwargs(kwargs: dict) -> bool:
@@ -433,10 +455,13 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
         handle._old_env = os.environ.get("TUNER_EXPORT_DIR")
         os.environ["TUNER_EXPORT_DIR"] = str(export_dir)
         runtime.reset()
-    else:
-        runtime.reset(counts_only=True)
     global _route_key
-    _route_key = _install_key(tuple(families))
+    key = _install_key(tuple(families))
+    if export_dir is None:
+        # the same export as the last install: keep what is loaded; another or a rewritten one
+        # (the key names the manifest's size, time and inode): load it afresh
+        runtime.reset(counts_only=key == _route_key)
+    _route_key = key
     _enabled.clear()
     _enabled.update(families)
     if "gemv" in families or "gemm" in families:
@@ -460,12 +485,13 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
 
 def _install_key(families: tuple) -> str:
     """What an install's routing reads: the export folder (the one runtime loads from), its
-    manifest's size and modification time (a rewritten export is another export), the families."""
+    manifest's size, modification time and inode (a rewritten export is another export: the
+    export writes the manifest last, through a new file), the families."""
     folder = written = None
     try:
         folder = runtime.export_dir()
         stat = (folder / "manifest.json").stat()
-        written = (stat.st_size, stat.st_mtime_ns)
+        written = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
     except Exception:  # noqa: BLE001 - no manifest (or no device to name the folder): no export
         pass
     return repr((str(folder), written, families))

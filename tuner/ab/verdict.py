@@ -71,12 +71,12 @@ class ABVerdict:
     @property
     def linear_saving_us(self) -> float:
         """What the linears saved: the measured saving of the attributed linear shapes (those
-        with a floor), else, without an attribution, the whole step's saving."""
+        with a floor); NaN (null in JSON) when the attribution has none."""
         rows = [r for r in self.attribution
                 if math.isfinite(float(r.get("floor_us", math.nan)))
                 and math.isfinite(float(r.get("measured_saving_us", math.nan)))]
         if not rows:
-            return self.saving_us
+            return math.nan
         return sum(float(r["measured_saving_us"]) for r in rows)
 
     @property

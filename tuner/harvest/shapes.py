@@ -159,14 +159,14 @@ def _unpack_gqa(dims: list, strides: list, out: dict) -> None:
     d] over the unrepeated cache, with the static cache's mask of the one query row [batch|1, 1,
     1, kv_len] broadcast over the packed rows. Read back as what it is: one query token, `heads`
     query heads on kv_heads KV heads. The signs, all needed: a one-row mask over several query
-    rows, at most 16 of them (a GQA group), a KV length unlike the query length (self-attention
+    rows, at most 128 of them (a GQA group: 48 query heads on one KV head, say), a KV length unlike the query length (self-attention
     over the same tokens is left alone) and, where the trace has strides, the packed query's
     (rows d apart, heads rows x d apart: a query transposed from [batch, len, heads, d], as a
     cross-attention's is, is not packed)."""
     mask = _input(dims, 3)
     q_len, heads, head_dim = out["q_len"], out["heads"], out["head_dim"]
     if not (mask and len(mask) == 4 and mask[2] == 1 and mask[1] == 1 and q_len
-            and 1 < q_len <= 16 and heads and out["kv_heads"] == heads
+            and 1 < q_len <= 128 and heads and out["kv_heads"] == heads
             and out["kv_len"] != q_len and mask[3] == out["kv_len"]):
         return
     q_strides = _sizes(strides[0]) if strides else None
