@@ -227,14 +227,19 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     """SDPA as installed: a decode call (one query token, no dropout, not causal, no mask or a
     mask of that one query row, as a static KV cache passes) goes to tuner.decode_attention;
     every other call to torch's own SDPA, unchanged."""
-    decode = (dropout_p == 0.0 and not is_causal and not kwargs
-              and query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
-              and value.shape == key.shape and key.shape[3] == query.shape[3]
-              and _inference(query, key, value)
-              and key.shape[1] > 0 and query.shape[1] % key.shape[1] == 0
-              and (enable_gqa or key.shape[1] == query.shape[1])
-              and _decode_mask(attn_mask, query, key))
-    if decode and _has_attention_entry(query, key):
+    try:
+        decode = bool(dropout_p == 0.0 and not is_causal and not kwargs
+                      and query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
+                      and value.shape == key.shape and key.shape[3] == query.shape[3]
+                      and _inference(query, key, value)
+                      and key.shape[1] > 0 and query.shape[1] % key.shape[1] == 0
+                      and (enable_gqa or key.shape[1] == query.shape[1])
+                      and _decode_mask(attn_mask, query, key) and _has_attention_entry(query, key))
+    except Exception as exc:  # noqa: BLE001 - serving must never raise into the caller
+        _warn_once(("sdpa", type(exc).__name__), "SDPA call not read (%s: %s); torch's SDPA runs",
+                   type(exc).__name__, exc)
+        decode = False
+    if decode:
         return torch.ops.tuner.decode_attention(
             query, key, value, attn_mask, None if scale is None else float(scale))
     return _SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
@@ -282,8 +287,9 @@ def _attention_routed(structure: tuple, route_key: str) -> bool:
     every call recompiled the attention frame until Dynamo's recompile limit, after which that
     frame ran eagerly in every arm (the compiled A/B's tuned and A/A arms: BENCHMARKS.md,
     2026-12-01 night). It takes no tensor dimension: under dynamic shapes they are symbolic, and
-    a constant cannot depend on them (a module's int attributes are constants there). `route_key` (the install's export folder, its manifest's
-    size and time, and the families) makes an install of another or a rewritten export
+    a constant cannot depend on them (a module's int attributes are constants there).
+    `route_key` (the install's export folder, its manifest's size, time and inode, and the
+    families) makes an install of another or a rewritten export
     recompile rather than reuse an answer from the earlier one, while installing the same export
     again (as `tuner ab` does to profile its tuned arm under a new capture) reuses the compiled
     step: nothing compiles inside that capture."""
