@@ -346,11 +346,8 @@ def test_a_grouped_call_takes_the_entry_of_its_repeated_kv_form(device):
         assert runtime.resolve("attention", grouped)[0] == two_heads
 
 
-def test_a_transformers_decode_step_runs_attention_on_the_grouped_cache(device, tmp_path):
-    """transformers' "sdpa" attention function, taken while installed: the compiled decode step
-    of a small Llama (grouped heads, static cache) calls tuner.decode_attention on the cache
-    itself (no repeat_kv copy) with the entry of the repeated-KV shape its baseline trace shows,
-    compiles once for the install, and after uninstall is the baseline's compiled step again."""
+def tiny_llama(folder, layers: int):
+    """A small Llama (4 query heads on 2 KV heads) decoding over a static cache on the CPU."""
     pytest.importorskip("transformers")
     import json
 
@@ -358,12 +355,33 @@ def test_a_transformers_decode_step_runs_attention_on_the_grouped_cache(device, 
 
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
               "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "num_hidden_layers": 3, "vocab_size": 256, "max_position_embeddings": 256,
+              "num_hidden_layers": layers, "vocab_size": 256, "max_position_embeddings": 256,
               "rms_norm_eps": 1e-5, "head_dim": 16}
-    path = tmp_path / "tiny_llama.json"
+    path = folder / "tiny_llama.json"
     path.write_text(json.dumps(config))
-    h = make_harness(hf_factory(path), batch=1, prompt=4, steps=3, dtype=torch.bfloat16,
-                     device="cpu")
+    return make_harness(hf_factory(path), batch=1, prompt=4, steps=3, dtype=torch.bfloat16,
+                        device="cpu")
+
+
+def compile_decode_keeping_graphs(h) -> list:
+    """Compile the harness's decode step with a backend that keeps every graph; the list."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    h.decode = torch.compile(h.decode, backend=backend, dynamic=False)
+    return graphs
+
+
+def test_a_transformers_decode_step_runs_attention_on_the_grouped_cache(device, tmp_path):
+    """transformers' "sdpa" attention function, taken while installed: the compiled decode step
+    of a small Llama (grouped heads, static cache) calls tuner.decode_attention on the cache
+    itself (no repeat_kv copy) with the entry of the repeated-KV shape its baseline trace shows,
+    compiles once for the install, and after uninstall is the baseline's compiled step again."""
+    h = tiny_llama(tmp_path, layers=3)
     (device / "nvidia-h200").mkdir(parents=True)
     with torch.no_grad():
         h.prefill()
@@ -379,15 +397,7 @@ def test_a_transformers_decode_step_runs_attention_on_the_grouped_cache(device, 
                                {"HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "SPLIT_KV": 1,
                                 "num_warps": 2, "num_stages": 1})])
         runtime.reset()
-        graphs = []
-
-        def backend(gm, example_inputs):
-            graphs.append(gm)
-            return gm.forward
-
-        torch._dynamo.reset()
-        eager = h.decode
-        h.decode = torch.compile(eager, backend=backend, dynamic=False)
+        graphs = compile_decode_keeping_graphs(h)
         h.prefill()
         expected = [h.decode().clone() for _ in range(2)]
         assert len(graphs) == 1
@@ -494,28 +504,8 @@ def test_a_compiled_transformers_step_with_an_export_of_other_shapes_computes_th
     of another head_dim (transformers' own path then calls SDPA, which any attention entry
     routes), the calls go into the op, which finds no entry and computes the baseline there:
     the step's output is the baseline's, and nothing counts as a hit."""
-    pytest.importorskip("transformers")
-    import json as _json
-
-    from tuner.ab.harness import hf_factory, make_harness
-
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 256,
-              "rms_norm_eps": 1e-5, "head_dim": 16}
-    path = device.parent / "tiny_llama.json"
-    path.write_text(_json.dumps(config))
-    h = make_harness(hf_factory(path), batch=1, prompt=4, steps=3, dtype=torch.bfloat16,
-                     device="cpu")
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    eager = h.decode
-    h.decode = torch.compile(eager, backend=backend, dynamic=False)
+    h = tiny_llama(device.parent, layers=2)
+    graphs = compile_decode_keeping_graphs(h)
     one_head = {"HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "SPLIT_KV": 1, "num_warps": 2,
                 "num_stages": 1}
     routed = {}
