@@ -12,13 +12,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOG="$OUT/session.log"; W=$(mktemp -d /tmp/s15.XXXXXX)
 SEARCH_S=${SEARCH_S:-40}
 GEMM_VERDICTS=${GEMM_VERDICTS:-benchmarks/logs/2026-12-01/late/session14a_verdicts_qwen3_8b-b32.parquet}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed" | tee -a "$LOG"
-export PYTHONPATH="$PWD:/tmp/site" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
-T0=$(date +%s)
-stamp() { echo "== $1  (+$(( $(date +%s) - T0 ))s)" | tee -a "$LOG"; }
-mkdir -p artifacts/devices; cp "${DEVICE_JSON:-benchmarks/logs/2026-12-01/nvidia-h200.device.json}" artifacts/devices/nvidia-h200.json
-DEV=artifacts/devices/nvidia-h200.json; CFG=shapes/examples/models/qwen3_8b.json
+source scripts/gpu/setup.sh
+CFG=shapes/examples/models/qwen3_8b.json
 stamp "gpu tests: decode attention"
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_serving_gpu.py -k decode_attention 2>&1 | tail -n 8 | tee -a "$LOG"
 stamp "trace"

@@ -15,13 +15,7 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOG="$OUT/session.log"; SEARCH_S=${SEARCH_S:-40}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed" | tee -a "$LOG"
-export PYTHONPATH="$PWD:/tmp/site" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
-T0=$(date +%s)
-stamp() { echo "== $1  (+$(( $(date +%s) - T0 ))s)" | tee -a "$LOG"; }
-mkdir -p artifacts/devices; cp "${DEVICE_JSON:-benchmarks/logs/2026-12-01/nvidia-h200.device.json}" artifacts/devices/nvidia-h200.json
-DEV=artifacts/devices/nvidia-h200.json
+source scripts/gpu/setup.sh
 AB_FLAG=--compile; [ "${AB_EAGER:-0}" = 1 ] && AB_FLAG=  # AB_EAGER=1: the eager step (tuner ab without --compile)
 if [ -n "${GPU_TESTS:-}" ]; then
   stamp "gpu tests: $GPU_TESTS"
