@@ -43,10 +43,10 @@ from pathlib import Path
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_ROOT", "MANIFEST", "MAX_EXPORT_BYTES", "NEAREST_KEYS",
            "LoadedExport", "config_for", "current_identity", "default_config", "detect_identity",
-           "device_key_for", "entry_problem", "export_dir", "hit_counts", "kernel_hash",
-           "load_family", "lookup", "manifest_problems", "mismatches", "miss_counts",
-           "normalize_value", "read_export", "reset", "resolve", "shape_tuple", "space_backend",
-           "status"]
+           "device_key_for", "entry_problem", "export_dir", "has_entries", "hit_counts",
+           "kernel_hash", "load_family", "lookup", "manifest_problems", "mismatches",
+           "miss_counts", "normalize_value", "read_export", "reset", "resolve", "resolved",
+           "shape_tuple", "space_backend", "status"]
 
 # Serving code imports this module: it reports through `logging` (its own logger, no handler of
 # ours), never through the CLI's stderr printer, and never raises into the caller.
@@ -413,19 +413,25 @@ def lookup(family: str, shape: dict) -> dict | None:
         return None
 
 
-def _lookup(family: str, shape: dict) -> dict | None:
+def resolved(family: str, shape: dict) -> tuple[dict | None, str | None]:
+    """`resolve`, cached per raw shape (the hot path's form), without counting. Never raises."""
     cache_key = (family, tuple(shape.items()))
     found = _CACHE.get(cache_key)
     if found is None:
         found = resolve(family, shape)
         _CACHE[cache_key] = found
-    config, entry = found
+    return found
+
+
+def _lookup(family: str, shape: dict) -> dict | None:
+    config, entry = resolved(family, shape)
     if entry is not None:
         counts = _HITS.setdefault(family, {})
         counts[entry] = counts.get(entry, 0) + 1
     else:
         counts = _MISSES.setdefault(family, {})
-        counts[cache_key[1]] = counts.get(cache_key[1], 0) + 1
+        shape_items = tuple(shape.items())
+        counts[shape_items] = counts.get(shape_items, 0) + 1
     return config
 
 

@@ -270,7 +270,7 @@ def _has_attention_entry(query: torch.Tensor, key: torch.Tensor, structure: tupl
              "head_dim": int(query.shape[3]), "dtype": dtype}
     if ("attention", tuple(shape.items())) in _failed:
         return False
-    if runtime.resolve("attention", shape)[0] is not None:
+    if runtime.resolved("attention", shape)[0] is not None:
         return True
     runtime.lookup("attention", shape)  # counts the miss
     return False
