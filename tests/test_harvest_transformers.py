@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from tuner import harvest
+from tuner.cli import main as cli_main
 
 TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
               "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -37,6 +39,39 @@ def test_a_transformers_decode_step_harvests_as_decode_with_its_query_heads(tmp_
     # transformers that packs the grouped query heads leaves the cache unrepeated: its 2 KV heads
     packs = hasattr(hf_sdpa, "pack_gqa")
     assert att["kv_heads"] == (2 if packs else 4)
+
+    # --kv-heads 2 (the model's num_key_value_heads): the grouped call serving runs, either way
+    out = tmp_path / "grouped.parquet"
+    assert cli_main(["harvest", traces["replay"], "--kv-heads", "2", "-o", str(out)]) == 0
+    grouped = pd.read_parquet(out)
+    (att2,) = grouped[grouped["family"] == "attention"].to_dict("records")
+    assert (att2["heads"], att2["kv_heads"], att2["q_len"]) == (4, 2, 1)
+    assert att2["calls_per_step"] == att["calls_per_step"]
+    again = harvest.harvest([traces["replay"]], kv_heads=2)
+    note = " ".join(again.traces[0].notes)
+    assert ("nothing regrouped" in note) if packs else ("read as the grouped call" in note)
+
+
+def _call(heads, kv_heads, q_len):
+    from tuner.harvest.records import Call
+
+    return Call("aten::scaled_dot_product_attention", "attention", q_len, 162, 128, 4,
+                "bfloat16", "", 0.0, heads=heads, kv_heads=kv_heads, q_len=q_len, kv_len=162,
+                head_dim=128)
+
+
+def test_kv_heads_regroups_only_repeated_decode_calls_of_a_proper_divisor():
+    from tuner.harvest.shapes import regroup_kv_heads
+
+    calls = [_call(32, 32, 1), _call(32, 32, 7), _call(32, 8, 1), _call(20, 20, 1),
+             _call(8, 8, 1)]
+    assert regroup_kv_heads(calls, 8) == 1
+    assert [c.kv_heads for c in calls] == [8, 32, 8, 20, 8]   # prefill, grouped, 20 % 8, MHA
+
+
+def test_kv_heads_must_be_positive(capsys):
+    assert cli_main(["harvest", "x.json", "--kv-heads", "0"]) != 0
+    assert "--kv-heads must be >= 1" in capsys.readouterr().err
 
 
 def _sdpa_op(q, k, mask, q_strides=None):

@@ -56,11 +56,12 @@ def trace_name(trace: str | Path) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name) or "trace"
 
 
-def harvest_trace(trace: str | Path, top: int = 8) -> pd.DataFrame:
-    """Harvest the trace (tuner.harvest) and print its summary and top rows."""
+def harvest_trace(trace: str | Path, top: int = 8, kv_heads: int | None = None) -> pd.DataFrame:
+    """Harvest the trace (tuner.harvest; `kv_heads`: its regrouping of repeated-KV decode
+    attention) and print its summary and top rows."""
     from . import harvest
 
-    result = harvest.harvest([str(trace)], quiet=True)
+    result = harvest.harvest([str(trace)], quiet=True, kv_heads=kv_heads)
     harvest.report(result, top=top)
     return result.table
 
@@ -213,8 +214,10 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
                top: int = 3, parity: str = "accuracy", min_speedup: float = 1.01,
                parity_margin: float = 1.25,
                graph_captured: bool = False, gpu: bool | None = None, out=print,
-               trials: int | None = None, objective=None, measure=None) -> RunResult:
-    """The main job. `gpu=None` detects; False forces the CPU path (harvest, budget, plan).
+               trials: int | None = None, objective=None, measure=None,
+               kv_heads: int | None = None) -> RunResult:
+    """The main job. `gpu=None` detects; False forces the CPU path (harvest, budget, plan);
+    `kv_heads`: the model's KV heads for harvest (`tuner harvest --kv-heads`).
 
     `objective` (a tuner.search objective factory) and `measure` (a tuner.rank measure function)
     replace the GPU timing, for tests of the whole pipeline on a CPU."""
@@ -230,7 +233,7 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
     gpu = have_gpu() if gpu is None else gpu
 
     # 1. harvest
-    table = harvest_trace(trace)
+    table = harvest_trace(trace, kv_heads=kv_heads)
     result.shapes_path = shapetable.write(table, out_dir / "shapes.parquet")
     out(f"harvest: {len(table)} call shape(s) from {trace} -> {result.shapes_path}")
 

@@ -4,7 +4,8 @@
 #      tuner search --family attention (SEARCH_S, default 40 s), rank, export into a copy of
 #      base_export (the manifest keeps its other families), then tuner ab --compile with it;
 #   AB_EAGER=1: every tuner ab without --compile (the eager step); GROUPED=1: search the grouped
-#   attention call (scripts/gpu/grouped_rows.py) instead of the repeated-KV one the trace records;
+#   attention call (tuner harvest --kv-heads from the model's config; session 17a/17b used a
+#   helper script of the same rewrite) instead of the repeated-KV one the trace records;
 #   GPU_TESTS: pytest targets run first (marker gpu); RANK_ARGS: extra tuner rank flags;
 #   2. AB_EXPORTS="label:model:batch:export_dir ...": tuner ab --compile of saved exports.
 # Logs: $OUT/session.log, $OUT/abc_<model>-b<batch>.json/.md, $OUT/abx_<label>.json/.md,
@@ -38,10 +39,9 @@ for item in ${ATTN:-}; do
   rep=$(ls "$D"/trace/*/traces/baseline_replay.pt.trace.json | head -n 1)
   cap=$(ls "$D"/trace/*/traces/baseline_capture.pt.trace.json | head -n 1)
   stamp "$tag: harvest"
-  timeout 120 python3 -m tuner.cli harvest "$rep" --capture "$cap" -o "$D/shapes.parquet" 2>&1 | tail -n 9 | tee -a "$LOG"
-  if [ "${GROUPED:-0}" = 1 ]; then  # search the grouped call serving runs (head stacking), not the repeated one
-    python3 scripts/gpu/grouped_rows.py "$D/shapes.parquet" "$cfg" "$D/shapes.parquet" 2>&1 | tee -a "$LOG"
-  fi
+  KV=""  # GROUPED=1: search the grouped call serving runs (head stacking), not the repeated one
+  [ "${GROUPED:-0}" = 1 ] && KV="--kv-heads $(python3 -c "import json; c = json.load(open('$cfg')); print(c.get('num_key_value_heads') or c['num_attention_heads'])")"
+  timeout 120 python3 -m tuner.cli harvest "$rep" --capture "$cap" $KV -o "$D/shapes.parquet" 2>&1 | tail -n 10 | tee -a "$LOG"
   stamp "$tag: search attention ${SEARCH_S}s"
   timeout $((SEARCH_S + 90)) python3 -m tuner.cli search "$D/shapes.parquet" --family attention --graph-captured \
     --timeout "${SEARCH_S}s" --storage "$D/studies.db" --no-progress --device $DEV > "$D/search.log" 2>&1

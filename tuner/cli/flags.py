@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_STORAGE_TEXT", "device_flag", "family_flag", "min_saving_flag", "parity_flags",
-           "storage_flag", "timeout_flag"]
+__all__ = ["DEFAULT_STORAGE_TEXT", "device_flag", "family_flag", "kv_heads_flag",
+           "min_saving_flag", "parity_flags", "storage_flag", "timeout_flag"]
 
 
 DEFAULT_STORAGE_TEXT = "sqlite:///artifacts/studies.db"
@@ -25,6 +25,14 @@ def family_flag(p, default: str | None = "gemv", what: str = "kernel family to t
     names = ", ".join(kernels.family_names())
     p.add_argument("--family", default=default, metavar="NAME",
                    help=f"{what} ({names}); default {default or 'all'}")
+
+
+def kv_heads_flag(p) -> None:
+    p.add_argument("--kv-heads", type=int, metavar="N",
+                   help="the model's KV heads (num_key_value_heads): decode attention calls the "
+                   "trace records on a repeated KV cache (kv_heads = heads: transformers' "
+                   "repeat_kv before SDPA, compiled or before ~5.2) are read as the grouped call "
+                   "tuner.serving runs on the cache itself, so a search can tune head stacking")
 
 
 def min_saving_flag(p, what: str) -> None:

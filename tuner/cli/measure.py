@@ -6,7 +6,7 @@ import argparse
 
 from ..errors import TunerError
 from ..units import parse_positive, parse_share, parse_threshold
-from .flags import device_flag, family_flag, min_saving_flag
+from .flags import device_flag, family_flag, kv_heads_flag, min_saving_flag
 
 __all__ = ["_add_harvest", "cmd_harvest", "_add_device", "cmd_device", "_add_bench", "cmd_bench",
            "_add_budget", "cmd_budget", "_add_estimate", "cmd_estimate"]
@@ -63,6 +63,7 @@ def _add_harvest(sub) -> None:
     p.add_argument("--device-name", metavar="NAME",
                    help="the GPU's name when the trace does not say it (e.g. 'AMD Instinct "
                    "MI300X'); it picks the device profile in budget")
+    kv_heads_flag(p)
     p.add_argument("--watch", metavar="DIR",
                    help="keep harvesting new trace files written into DIR into one table at -o, "
                    "until Ctrl-C")
@@ -78,6 +79,7 @@ def cmd_harvest(args) -> int:
 
     from .. import harvest
 
+    harvest.check_kv_heads(args.kv_heads)
     modes = sum(bool(x) for x in (args.traces, args.live, args.watch))
     if modes != 1:
         raise TunerError("harvest needs exactly one of: TRACE..., --live MODULE:CALLABLE, "
@@ -92,8 +94,10 @@ def cmd_harvest(args) -> int:
         out = args.output or Path("shapes") / f"live_{args.live.rpartition(':')[2]}.parquet"
         result = harvest.live(args.live, args.steps, out, save_trace=args.save_trace,
                               phase=args.phase, quiet=True, graph=args.graph,
-                              device_name=args.device_name)
+                              device_name=args.device_name, kv_heads=args.kv_heads)
     elif args.watch:
+        if args.kv_heads is not None:
+            raise TunerError("--kv-heads goes with TRACE... or --live, not --watch")
         out = args.output or Path("shapes") / f"{Path(args.watch).resolve().name}.parquet"
         harvest.watch(args.watch, out, rank=args.rank, steps=args.steps, phase=args.phase,
                       interval=args.interval, device_name=args.device_name)
@@ -102,7 +106,8 @@ def cmd_harvest(args) -> int:
         files, captures = harvest.resolve_pairs(args.traces, args.rank, args.capture)
         out = args.output or harvest.default_output(files[0])
         result = harvest.harvest(files, out, rank=args.rank, steps=args.steps, phase=args.phase,
-                                 quiet=True, capture=captures, device_name=args.device_name)
+                                 quiet=True, capture=captures, device_name=args.device_name,
+                                 kv_heads=args.kv_heads)
     harvest.report(result, top=args.top)
     return 0
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ..errors import TunerError
 from ..units import parse_duration, parse_threshold
-from .flags import device_flag, family_flag, min_saving_flag, parity_flags, storage_flag, timeout_flag
+from .flags import (device_flag, family_flag, kv_heads_flag, min_saving_flag, parity_flags,
+                    storage_flag, timeout_flag)
 
 __all__ = ["_add_search", "cmd_search", "_add_rank", "cmd_rank", "_add_export", "cmd_export",
            "_add_run", "cmd_run"]
@@ -200,6 +201,7 @@ def _add_run(sub) -> None:
                    "code is then the A/B's (0 faster with outputs in the floor, 3 not)")
     p.add_argument("--ab-batch", type=int, default=1, metavar="B",
                    help="the batch size of the A/B (default 1; the trace's batch is the one to use)")
+    kv_heads_flag(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -212,5 +214,6 @@ def cmd_run(args) -> int:
                      export_root=args.export_dir, top=args.top, parity=resolve_gate(args.parity),
                      parity_margin=args.parity_margin,
                      min_speedup=args.min_speedup, graph_captured=args.graph_captured,
-                     trials=args.trials, ab=args.ab, ab_batch=args.ab_batch)
+                     trials=args.trials, ab=args.ab, ab_batch=args.ab_batch,
+                     kv_heads=args.kv_heads)
     return result.ab_exit or 0

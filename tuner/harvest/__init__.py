@@ -21,7 +21,7 @@ from .files import (
     trace_rank,
 )
 from .graphs import read_captures
-from .pipeline import HarvestResult, harvest
+from .pipeline import HarvestResult, check_kv_heads, harvest
 from .printing import format_table, report, summarize
 from .profiling import live, load_callable
 from .records import Call, Op, Step, TraceData, union_length
@@ -31,7 +31,7 @@ from .trace import read_trace
 from .watching import watch
 
 __all__ = [
-    "harvest", "HarvestResult", "report", "summarize", "format_table",
+    "harvest", "HarvestResult", "check_kv_heads", "report", "summarize", "format_table",
     "read_trace", "TraceData", "aggregate", "KEY_FIELDS",
     "resolve_inputs", "resolve_pairs", "CAPTURE_DIR", "default_output", "trace_rank",
     "is_trace_file", "read_captures",

@@ -8,13 +8,21 @@ from pathlib import Path
 import pandas as pd
 
 from .. import shapetable
+from ..errors import TunerError
 from .files import resolve_pairs
 from .graphs import read_captures
 from .printing import report
+from .shapes import regroup_kv_heads
 from .table import aggregate
 from .trace import read_trace
 
-__all__ = ["HarvestResult", "harvest"]
+__all__ = ["HarvestResult", "check_kv_heads", "harvest"]
+
+
+def check_kv_heads(kv_heads: int | None) -> None:
+    """A TunerError unless `kv_heads` is None or a positive count."""
+    if kv_heads is not None and kv_heads < 1:
+        raise TunerError(f"--kv-heads must be >= 1, got {kv_heads}")
 
 
 @dataclass
@@ -27,17 +35,27 @@ class HarvestResult:
 
 def harvest(paths: list, output=None, *, rank: int | None = None, steps: int | None = None,
             phase: str | None = None, quiet: bool = False, capture: list | None = None,
-            device_name: str | None = None) -> HarvestResult:
+            device_name: str | None = None, kv_heads: int | None = None) -> HarvestResult:
     """Harvest one rank's trace(s) into a ShapeTable; write it when `output` is given.
 
     `capture`: the traces of the CUDA/HIP-graph captures whose replays `paths` hold (else a
     capture_traces/ folder beside the traces of a profiler directory is used); `device_name`
-    names the GPU when a trace does not.
+    names the GPU when a trace does not; `kv_heads`: the model's KV heads, to read decode
+    attention calls on a repeated KV cache as the grouped call serving runs
+    (shapes.regroup_kv_heads; a note on each trace says how many calls were read so).
     """
+    check_kv_heads(kv_heads)
     replays, captures = resolve_pairs(list(paths), rank, capture)
     graphs = read_captures(captures) if captures else []
     traces = [read_trace(f, steps=steps, graphs=graphs, device_name=device_name)
               for f in replays]
+    if kv_heads is not None:
+        for t in traces:
+            n = regroup_kv_heads(t.calls, kv_heads)
+            t.notes.append(f"--kv-heads {kv_heads}: {n} decode attention call(s) recorded on a "
+                           f"repeated KV cache (kv_heads = heads) read as the grouped call"
+                           if n else f"--kv-heads {kv_heads}: no decode attention call with as "
+                           "many KV heads as query heads, a multiple of it: nothing regrouped")
     table = aggregate(traces, phase)
     result = HarvestResult(table, traces, captures=[str(c) for c in captures])
     if output is not None:

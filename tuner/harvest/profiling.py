@@ -71,7 +71,8 @@ def _save(raw: Path, save: Path) -> Path:
 
 
 def live(target: str, steps: int, output=None, *, save_trace=None, phase: str | None = None,
-         quiet: bool = False, graph: bool = False, device_name: str | None = None) -> HarvestResult:
+         quiet: bool = False, graph: bool = False, device_name: str | None = None,
+         kv_heads: int | None = None) -> HarvestResult:
     """Run CALLABLE `steps` times under torch.profiler (record_shapes on, one profiler step per
     call), export the trace and harvest it.
 
@@ -100,11 +101,12 @@ def live(target: str, steps: int, output=None, *, save_trace=None, phase: str | 
                 replay = _save(replay, folder / f"{name}.pt.trace.json.gz")
                 capture = _save(capture, folder / CAPTURE_DIR / f"{name}.pt.trace.json.gz")
             return harvest([replay], output, phase=phase, quiet=quiet, capture=[capture],
-                           device_name=device_name)
+                           device_name=device_name, kv_heads=kv_heads)
         trace = _profile_calls(fn, target, steps, tmpdir / "live.pt.trace.json")
         if save_trace:
             trace = _save(trace, Path(save_trace))
-        return harvest([trace], output, phase=phase, quiet=quiet, device_name=device_name)
+        return harvest([trace], output, phase=phase, quiet=quiet, device_name=device_name,
+                       kv_heads=kv_heads)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 

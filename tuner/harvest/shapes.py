@@ -7,7 +7,7 @@ from . import config
 from .records import Call, Op
 
 __all__ = ["is_attention", "gemm_shape", "attention_shape", "make_call",
-           "complete_decode_attention"]
+           "complete_decode_attention", "regroup_kv_heads"]
 
 
 def is_attention(name: str) -> bool:
@@ -174,6 +174,24 @@ def _unpack_gqa(dims: list, strides: list, out: dict) -> None:
             q_strides[3] == 1 and q_strides[2] == head_dim and q_strides[1] == q_len * head_dim):
         return
     out.update(heads=heads * q_len, q_len=1)
+
+
+def regroup_kv_heads(calls: list[Call], kv_heads: int) -> int:
+    """Read decode attention calls recorded on a repeated KV cache as the grouped call.
+
+    transformers' SDPA path (compiled, or eager before about 5.2x) copies the cache with
+    `repeat_kv` to one KV head per query head before calling SDPA, so the trace records
+    kv_heads = heads; tuner.serving runs the call on the model's cache itself, with `kv_heads`
+    KV heads (the model's num_key_value_heads), where head stacking (HEADS_PER_BLOCK > 1) can
+    read each KV head once for its group. Rewrites, in place, the decode calls (one query token)
+    with kv_heads == heads of which `kv_heads` is a proper divisor; returns how many."""
+    changed = 0
+    for c in calls:
+        if (c.family == "attention" and c.q_len == 1 and c.heads and c.kv_heads == c.heads
+                and kv_heads < c.heads and c.heads % kv_heads == 0):
+            c.kv_heads = kv_heads
+            changed += 1
+    return changed
 
 
 def _varlen_shape(q: list, kk: list, dims: list, out: dict) -> None:
