@@ -167,7 +167,9 @@ def _dims(shape: dict) -> tuple[int, int, int, int, int]:
 
 
 def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
-    """q [batch, heads, head_dim], k / v [batch, kv_heads, kv_len, head_dim], standard normal."""
+    """q [batch, heads, head_dim], k / v [batch, kv_heads, kv_len, head_dim], standard normal;
+    with the shape's ``baseline_kv_heads`` (a call traced on a repeated KV cache, not a key
+    field: `shape_from_row`) also that count, for `baseline`."""
     batch, heads, kv_heads, kv_len, head_dim = _dims(shape)
     if heads % kv_heads:
         raise ValueError(f"attention: heads {heads} is not a multiple of kv_heads {kv_heads}")
@@ -180,9 +182,16 @@ def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
             return torch.empty(*dims, dtype=dtype, device="meta")
         return torch.randn(*dims, generator=gen, dtype=torch.float32, device=device).to(dtype)
 
-    return {"q": randn(batch, heads, head_dim),
-            "k": randn(batch, kv_heads, kv_len, head_dim),
-            "v": randn(batch, kv_heads, kv_len, head_dim)}
+    inputs = {"q": randn(batch, heads, head_dim),
+              "k": randn(batch, kv_heads, kv_len, head_dim),
+              "v": randn(batch, kv_heads, kv_len, head_dim)}
+    repeated = int(shape.get("baseline_kv_heads") or kv_heads)
+    if repeated != kv_heads:
+        if repeated % kv_heads or heads % repeated:
+            raise ValueError(f"attention: baseline_kv_heads {repeated} is not a multiple of "
+                             f"kv_heads {kv_heads} dividing heads {heads}")
+        inputs["baseline_kv_heads"] = repeated
+    return inputs
 
 
 def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
@@ -303,13 +312,22 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
 def baseline(inputs: dict) -> torch.Tensor:
     """torch's scaled_dot_product_attention (its default backend choice) with enable_gqa: torch's
     own function, as taken when this module was imported (tuner.serving may route the name).
-    An optional ``mask`` (SDPA's attn_mask) and ``scale`` in `inputs` are passed on."""
+    An optional ``mask`` (SDPA's attn_mask) and ``scale`` in `inputs` are passed on. With
+    ``baseline_kv_heads`` (a call traced on a repeated KV cache: transformers' path, which
+    tuner.serving replaces) the cache is first repeated to that many KV heads, as transformers'
+    repeat_kv does (a copy each call), and SDPA runs on the copy."""
     q = inputs["q"].unsqueeze(2)
+    k, v = inputs["k"], inputs["v"]
+    repeated = int(inputs.get("baseline_kv_heads") or k.shape[1])
+    if repeated != k.shape[1]:   # transformers' repeat_kv: expand, then a copy by reshape
+        b, kv_heads, n, d = k.shape
+        group = repeated // kv_heads
+        k = k[:, :, None].expand(b, kv_heads, group, n, d).reshape(b, repeated, n, d)
+        v = v[:, :, None].expand(b, kv_heads, group, n, d).reshape(b, repeated, n, d)
     mask = inputs.get("mask")
     if mask is not None and mask.dim() == 3:
         mask = mask.unsqueeze(2)
-    out = _TORCH_SDPA(q, inputs["k"], inputs["v"], attn_mask=mask, scale=inputs.get("scale"),
-                      enable_gqa=True)
+    out = _TORCH_SDPA(q, k, v, attn_mask=mask, scale=inputs.get("scale"), enable_gqa=True)
     return out.squeeze(2)
 
 
@@ -353,7 +371,9 @@ def flops(shape: dict) -> int:
 
 
 def shape_from_row(row) -> dict | None:
-    """Attention rows with q_len == 1 (decode) and all of heads, kv_heads, kv_len, head_dim known."""
+    """Attention rows with q_len == 1 (decode) and all of heads, kv_heads, kv_len, head_dim known;
+    a row harvest regrouped from a repeated KV cache (`traced_kv_heads`) also gets
+    ``baseline_kv_heads``: the baseline is the traced call (`baseline`), the key the grouped one."""
     if row_value(row, "family") != "attention":
         return None
     dtype = row_value(row, "dtype")
@@ -366,8 +386,13 @@ def shape_from_row(row) -> dict | None:
     heads, kv_heads = int(values["heads"]), int(values["kv_heads"])
     if kv_heads <= 0 or heads % kv_heads or int(values["kv_len"]) <= 0:
         return None
-    return {"batch": batch, "heads": heads, "kv_heads": kv_heads, "kv_len": int(values["kv_len"]),
-            "head_dim": int(values["head_dim"]), "dtype": dtype}
+    shape = {"batch": batch, "heads": heads, "kv_heads": kv_heads, "kv_len": int(values["kv_len"]),
+             "head_dim": int(values["head_dim"]), "dtype": dtype}
+    traced = row_value(row, "traced_kv_heads")
+    if traced is not None and int(traced) > kv_heads and int(traced) % kv_heads == 0 \
+            and heads % int(traced) == 0:
+        shape["baseline_kv_heads"] = int(traced)
+    return shape
 
 
 def shape_key(shape: dict) -> str:

@@ -116,6 +116,33 @@ def test_shape_from_row_and_interface():
     assert family.flops(shape) == 4 * 8 * 32 * 8192 * 128
 
 
+def test_a_call_traced_on_a_repeated_cache_keeps_the_grouped_key_and_the_traced_baseline():
+    """harvest --kv-heads: the row's key is the grouped call serving runs; its baseline is the
+    traced call, transformers' repeat_kv copy and SDPA on the repeated cache."""
+    row = {"family": "attention", "batch": 2, "dtype": "bfloat16", "heads": 8, "kv_heads": 2,
+           "q_len": 1, "kv_len": 70, "head_dim": 64, "traced_kv_heads": 8}
+    shape = attention.shape_from_row(row)
+    assert shape == {**GQA, "baseline_kv_heads": 8}
+    assert attention.shape_key(shape) == attention.shape_key(GQA)
+    assert attention.shape_from_row({**row, "traced_kv_heads": pd.NA}) == GQA
+    assert attention.shape_from_row({**row, "traced_kv_heads": 3}) == GQA   # no GQA group
+
+    inputs = attention.make_inputs(shape, "cpu", seed=0)
+    grouped = attention.make_inputs(GQA, "cpu", seed=0)
+    assert inputs["baseline_kv_heads"] == 8 and "baseline_kv_heads" not in grouped
+    assert all(torch.equal(inputs[t], grouped[t]) for t in ("q", "k", "v"))
+    repeated = {"q": inputs["q"], "k": inputs["k"].repeat_interleave(4, dim=1),
+                "v": inputs["v"].repeat_interleave(4, dim=1)}
+    assert torch.equal(attention.baseline(inputs), attention.baseline(repeated))
+    # the kernel runs on the grouped cache: the extra input changes nothing
+    config = {"HEADS_PER_BLOCK": 4, "BLOCK_N": 32, "SPLIT_KV": 1}
+    assert torch.equal(attention.launch(inputs, config), attention.launch(grouped, config))
+    from tuner.spaces import check_shape   # exports and the loader accept it
+    assert check_shape("attention", shape) == ""
+    with pytest.raises(ValueError, match="baseline_kv_heads"):
+        attention.make_inputs({**GQA, "baseline_kv_heads": 3}, "cpu")
+
+
 def test_parity_checker_on_attention():
     from tuner import parity
 

@@ -323,3 +323,51 @@ def test_vllm_files_keep_bias_and_plain_linears_apart():
     assert files == {
         "N=896,K=896,device_name=NVIDIA_H200,dtype=bfloat16.json": {"4": {"R": 1}},
         "N=896,K=896,device_name=NVIDIA_H200,dtype=bfloat16,bias=1.json": {"4": {"R": 2}}}
+
+
+def test_a_regrouped_attention_call_exports_and_resolves_as_the_served_call(loader):
+    """harvest --kv-heads gives the shape a measurement key (baseline_kv_heads: the baseline
+    repeats the cache as the trace did); the export stores, and the loader indexes, the call
+    serving looks up. On the H200 an entry that kept the key was never found: every call of
+    the compiled Qwen3-8B batch-32 step missed (4622 us of attention a step, not 362)."""
+    attention = get_family("attention")
+    served = {"batch": 32, "heads": 32, "kv_heads": 8, "kv_len": 162, "head_dim": 128,
+              "dtype": "bfloat16"}
+    measured = {**served, "baseline_kv_heads": 32}
+    key = attention.shape_key(measured)
+    config = {"BLOCK_N": 64, "HEADS_PER_BLOCK": 4, "SPLIT_KV": 1, "num_warps": 4, "num_stages": 3}
+    assert key == attention.shape_key(served) and not space_for("attention", "cuda").check(
+        config, measured)
+    s = rank.StudyInfo(name=f"nvidia-h200:attention:{key}", family="attention", shape=measured,
+                       shape_key=key, device="nvidia-h200", calls_per_step=36.0, step_us=STEP_US,
+                       phase="decode")
+    c = rank.Candidate(config=config, search_us=9.7, trial=1)
+    m_ = rank.Measured(config=config, parity=RECORDED_FACTS,
+                       vs_baseline=rank.Pair(126.8, 9.7, 13.07, 13.05, 13.1, 0.2))
+    table = rank.decide([(s, [(c, m_)])], threshold="1us", gate="accuracy")
+    assert (table["decision"] == "accept").all()
+    for column, value in (("device_name", "NVIDIA H200"), ("arch", "sm90"), ("backend", "cuda"),
+                          ("torch", "2.11.0+cu130"), ("triton", "3.6.0"),
+                          ("kernel_hash", attention.source_hash()), ("fp_fusion", True),
+                          ("measured_at", "2026-12-01T18:40:00+00:00")):
+        table[column] = value
+    export.export(table, out_root=loader)
+    doc = json.loads((loader / "nvidia-h200" / "attention.json").read_text())
+    assert doc["configs"][key]["shape"] == served
+    assert runtime.config_for("attention", served) == config
+    assert runtime.hit_counts() == {"attention": {key: 1}}
+
+    # an export written before the fix (the key in the entry's shape) resolves the same way
+    doc["configs"][key]["shape"] = measured
+    path = loader / "nvidia-h200" / "attention.json"
+    path.write_text(json.dumps(doc))
+    runtime.reset()
+    loaded = runtime.load_family("attention")
+    assert loaded.status == "refused"   # its manifest's checksum no longer matches ...
+    manifest = json.loads((loader / "nvidia-h200" / "manifest.json").read_text())
+    import hashlib
+
+    manifest["families"]["attention"]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (loader / "nvidia-h200" / "manifest.json").write_text(json.dumps(manifest))
+    runtime.reset()
+    assert runtime.config_for("attention", served) == config   # ... with it mended, a hit

@@ -11,6 +11,7 @@ import json
 import pandas as pd
 import pytest
 
+from kernels import get_family
 from tuner import harvest
 from tuner.cli import main as cli_main
 
@@ -47,6 +48,12 @@ def test_a_transformers_decode_step_harvests_as_decode_with_its_query_heads(tmp_
     (att2,) = grouped[grouped["family"] == "attention"].to_dict("records")
     assert (att2["heads"], att2["kv_heads"], att2["q_len"]) == (4, 2, 1)
     assert att2["calls_per_step"] == att["calls_per_step"]
+    # a regrouped row keeps the KV heads the traced call read: its baseline repeats the cache
+    if packs:   # nothing regrouped: no such column
+        assert "traced_kv_heads" not in grouped.columns
+    else:
+        assert att2["traced_kv_heads"] == 4
+        assert get_family("attention").shape_from_row(att2)["baseline_kv_heads"] == 4
     again = harvest.harvest([traces["replay"]], kv_heads=2)
     note = " ".join(again.traces[0].notes)
     assert ("nothing regrouped" in note) if packs else ("read as the grouped call" in note)

@@ -50,6 +50,15 @@ def test_run_on_cpu_stops_after_the_plan(tmp_path, capsys):
     assert (tmp_path / "run" / "plan.md").exists()
 
 
+def test_run_passes_kv_heads_to_harvest(tmp_path, capsys):
+    # the example's SDPA calls are already grouped (14 query heads on 2 KV heads): none to regroup
+    rc = main(["run", str(TRACE), "--kv-heads", "2", "-o", str(tmp_path / "run")])
+    assert rc == 0
+    assert "--kv-heads 2: no decode attention call" in capsys.readouterr().err
+    assert main(["run", str(TRACE), "--kv-heads", "0", "-o", str(tmp_path / "bad")]) != 0
+    assert "--kv-heads must be >= 1" in capsys.readouterr().err
+
+
 def test_run_graph_captured_plan_shares_the_time_budget(tmp_path, capsys):
     rc = main(["run", str(TRACE), "--graph-captured", "--timeout", "4m",
                "-o", str(tmp_path / "run")])

@@ -165,6 +165,7 @@ def family_document(rows: pd.DataFrame, family: str, device_key: str, *,
                     check_kernel_hash: bool = True) -> dict:
     """The <family>.json document for one device from its accepted verdict rows."""
     from . import runtime
+    from .spaces import served_shape
 
     what = f"{device_key}/{family}"
     kernel_hash = str(_one(rows, "kernel_hash", what))
@@ -177,7 +178,7 @@ def family_document(rows: pd.DataFrame, family: str, device_key: str, *,
     configs = {}
     for r in rows.to_dict("records"):
         configs[r["shape"]] = {
-            "shape": json.loads(r["shape_json"]),
+            "shape": served_shape(r["family"], json.loads(r["shape_json"])),
             "config": json.loads(r["config"]),
             "measured": {k: _plain(r[k]) for k in MEASURED_FIELDS if k in r},
         }

@@ -272,7 +272,7 @@ def _load_family(family: str) -> LoadedExport:
     if problems:
         return LoadedExport(family, path, "refused", f"refusing {path}: " + "; ".join(problems),
                             backend)
-    from .spaces import space_for
+    from .spaces import served_shape, space_for
 
     try:
         space = space_for(family, space_backend(identity, data))
@@ -288,7 +288,7 @@ def _load_family(family: str) -> LoadedExport:
             log.warning("%s: dropping entry %r: %s; that shape runs the baseline path",
                         path, str(key)[:200], why)
             continue
-        shape = entry["shape"]
+        shape = served_shape(family, entry["shape"])   # (an entry of an older exporter)
         config = dict(entry["config"])
         loaded.entries[shape_tuple(shape)] = (key, config)
         vary = next((k for k in NEAREST_KEYS if k in shape), None)

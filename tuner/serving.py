@@ -179,9 +179,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if mask is not None and q3.dim() == 3 and k.dim() == 4 and k.shape[1] < q3.shape[1]:
             # transformers' own path for such a call: the KV heads repeated, then SDPA (torch's
             # SDPA given grouped heads and a mask falls back to its math kernel)
-            group = q3.shape[1] // k.shape[1]
-            return attention.baseline(dict(inputs, k=k.repeat_interleave(group, dim=1),
-                                           v=v.repeat_interleave(group, dim=1)))
+            return attention.baseline(dict(inputs, baseline_kv_heads=q3.shape[1]))
         return attention.baseline(inputs)
 
     if (q.dtype not in DTYPES or not _runs_kernels(q) or k.stride(-1) != 1 or v.stride(-1) != 1

@@ -2,7 +2,7 @@
 
 Every stage that reads or writes shape tables goes through `read` / `write` here, so the columns
 stay exactly those DESIGN.md lists. Extra attention columns (heads, kv_heads, q_len, kv_len,
-head_dim) are allowed after the contract columns.
+head_dim, traced_kv_heads) are allowed after the contract columns.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ ATTENTION_COLUMNS: dict[str, str] = {
     "q_len": "Int64",
     "kv_len": "Int64",
     "head_dim": "Int64",
+    # harvest --kv-heads: the KV heads of the cache the traced call read (= heads) when it was
+    # regrouped from a repeated KV cache; the baseline then repeats the cache as the trace did
+    "traced_kv_heads": "Int64",
 }
 
 PHASES = ("prefill", "decode", "other")

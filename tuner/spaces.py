@@ -42,7 +42,7 @@ import yaml
 from .errors import TunerError
 
 __all__ = ["BACKENDS", "SHAPE_DTYPES", "SHAPE_LAYOUTS", "SPACES_PACKAGE", "SearchSpace",
-           "check_shape", "family_names", "load_raw", "space_for"]
+           "check_shape", "family_names", "load_raw", "served_shape", "space_for"]
 
 SPACES_PACKAGE = "search_spaces"  # the top-level search_spaces/ directory, a package of YAML data
 BACKENDS = ("cuda", "hip", "dcu")
@@ -211,6 +211,18 @@ SHAPE_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gemm": (("m", "n", "k", "dtype", "layout"), ("batch",)),
     "attention": (("batch", "heads", "kv_heads", "kv_len", "head_dim", "dtype"), ()),
 }
+# Keys that say how the baseline was measured, not which call is served: accepted in a shape
+# dict (search and rank measure with them), never in an export's entries (`served_shape`).
+# attention's baseline_kv_heads: a call harvest regrouped from a repeated KV cache, whose
+# baseline repeats the cache as the trace did (kernels.attention.shape_from_row).
+MEASURE_KEYS: dict[str, tuple[str, ...]] = {"attention": ("baseline_kv_heads",)}
+
+
+def served_shape(family: str, shape: dict) -> dict:
+    """The shape dict of the call serving looks up: `shape` without the family's MEASURE_KEYS
+    (what an export stores and the runtime loader indexes)."""
+    drop = MEASURE_KEYS.get(family, ())
+    return {k: v for k, v in shape.items() if k not in drop}
 SHAPE_DTYPES = ("bfloat16", "float16")  # kernels.common.DTYPES (not imported: it pulls in torch)
 SHAPE_LAYOUTS = ("NT", "NN")
 
@@ -223,7 +235,8 @@ def check_shape(family: str, shape) -> str:
     if not isinstance(shape, dict):
         return f"shape is not a mapping: {shape!r}"[:200]
     required, optional = SHAPE_KEYS[family]
-    unknown = sorted(str(k) for k in shape if k not in required + optional)
+    unknown = sorted(str(k) for k in shape
+                     if k not in required + optional + MEASURE_KEYS.get(family, ()))
     if unknown:
         return f"unknown shape key(s) {', '.join(unknown)} for {family}"
     missing = [k for k in required if k not in shape]

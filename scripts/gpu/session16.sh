@@ -51,6 +51,7 @@ for item in ${ATTN:-}; do
     -o "$D/verdicts" > "$D/rank.log" 2>&1
   echo "rank rc=$?" | tee -a "$LOG"; grep -v "re-measuring" "$D/rank.log" | tail -n 8 | tee -a "$LOG"
   mkdir -p "$D/export/nvidia-h200"; cp "$base"/*.json "$D/export/nvidia-h200/"
+  rm -f "$D/export/nvidia-h200/attention.json"  # the base's own attention entries are replaced
   timeout 60 python3 -m tuner.cli export "$D"/verdicts/*.parquet -o "$D/export" 2>&1 | tail -n 5 | tee -a "$LOG"
   cp "$D"/verdicts/nvidia-h200-attention.parquet "$OUT/verdicts_attention_$tag.parquet" 2>/dev/null
   cp "$D"/verdicts/nvidia-h200-attention.md "$OUT/verdicts_attention_$tag.md" 2>/dev/null

@@ -41,6 +41,7 @@ class Call:
     q_len: int | None = None
     kv_len: int | None = None
     head_dim: int | None = None
+    traced_kv_heads: int | None = None   # harvest --kv-heads: the repeated cache's KV heads
     tokens: int | None = None     # varlen attention: query tokens of all requests (q's dim 0)
     gpu_us: float = 0.0
     n_kernels: int = 0

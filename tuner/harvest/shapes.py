@@ -184,12 +184,14 @@ def regroup_kv_heads(calls: list[Call], kv_heads: int) -> int:
     kv_heads = heads; tuner.serving runs the call on the model's cache itself, with `kv_heads`
     KV heads (the model's num_key_value_heads), where head stacking (HEADS_PER_BLOCK > 1) can
     read each KV head once for its group. Rewrites, in place, the decode calls (one query token)
-    with kv_heads == heads of which `kv_heads` is a proper divisor; returns how many."""
+    with kv_heads == heads of which `kv_heads` is a proper divisor, keeping the recorded KV heads
+    as `traced_kv_heads` (the path serving replaces: the family's baseline repeats the cache, as
+    the trace did); returns how many."""
     changed = 0
     for c in calls:
         if (c.family == "attention" and c.q_len == 1 and c.heads and c.kv_heads == c.heads
                 and kv_heads < c.heads and c.heads % kv_heads == 0):
-            c.kv_heads = kv_heads
+            c.traced_kv_heads, c.kv_heads = c.kv_heads, kv_heads
             changed += 1
     return changed
 

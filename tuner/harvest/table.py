@@ -17,7 +17,7 @@ __all__ = ["KEY_FIELDS", "MAX_KV_ROWS", "kv_buckets", "aggregate"]
 
 # what makes two calls the same row (with the phase of their step)
 KEY_FIELDS = ("op", "family", "m", "n", "k", "batch", "dtype", "layout",
-              "heads", "kv_heads", "q_len", "kv_len", "head_dim")
+              "heads", "kv_heads", "q_len", "kv_len", "head_dim", "traced_kv_heads")
 # decode attention: a serving trace has another KV length at every step; above this many, the
 # calls of one signature are bucketed into this many rows by KV length
 MAX_KV_ROWS = 8
@@ -96,6 +96,8 @@ def aggregate(traces: list[TraceData], phase: str | None = None) -> pd.DataFrame
         found = sorted(phase_steps)
         raise TunerError(f"no calls in phase {phase!r} (phases in the trace: {', '.join(found)})")
     df = pd.DataFrame(rows)
+    if df["traced_kv_heads"].isna().all():   # only harvest --kv-heads regroups calls
+        df = df.drop(columns="traced_kv_heads")
     df = df.sort_values(["share", "calls_per_step", "us_per_call"], ascending=False,
                         na_position="last", kind="stable")
     return shapetable.normalize(df)
