@@ -295,3 +295,27 @@ def test_the_export_projects_its_attention_saving_at_the_nearest_kv_len(monkeypa
     # write_export records 5.0 -> 4.0 us a call
     assert projected == {"attention b=4 h=8 kv=146 d=64": pytest.approx(36.0)}
     runtime.reset()
+
+
+def test_the_baseline_steps_repeated_call_projects_the_exported_grouped_entry(monkeypatch,
+                                                                             tmp_path):
+    """The baseline step records transformers' call after repeat_kv (kv_heads = heads); an export
+    harvested with --kv-heads holds the grouped call serving runs: its saving is projected for
+    the repeated row (on the H200 the attention row said 'projected -')."""
+    from test_serving import IDENTITY, write_export
+
+    monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
+    monkeypatch.delenv("TUNER_EXPORT_DIR", raising=False)
+    grouped = {"batch": 4, "heads": 8, "kv_heads": 2, "kv_len": 162, "head_dim": 64,
+               "dtype": "bfloat16"}
+    write_export(tmp_path / "export", [("attention", grouped)])
+    row = {"op": "aten::scaled_dot_product_attention", "family": "attention", "phase": "decode",
+           "batch": 4, "heads": 8, "kv_heads": 8, "kv_len": 146, "head_dim": 64, "q_len": 1,
+           "m": 1, "n": 146, "k": 64, "dtype": "bfloat16", "calls_per_step": 36.0,
+           "us_per_call": 10.0}
+    projected = ab.projected_savings(tmp_path / "export" / "nvidia-h200", [row])
+    assert projected == {"attention b=4 h=8 kv=146 d=64": pytest.approx(36.0)}
+    # another head count finds nothing
+    other = {**row, "heads": 16, "kv_heads": 16}
+    assert ab.projected_savings(tmp_path / "export" / "nvidia-h200", [other]) == {}
+    runtime.reset()

@@ -131,6 +131,8 @@ def _projected(export_dir, baseline_rows, get_family, runtime) -> dict:
                 continue
             try:
                 _config, key = runtime.resolve(family, shape)
+                if key is None and family == "attention":
+                    key = _grouped_entry_key(shape, docs["attention"], runtime)
             except Exception:  # noqa: BLE001 - no usable export: nothing projected
                 key = None
             entry = docs[family].get(key) if key else None
@@ -139,6 +141,26 @@ def _projected(export_dir, baseline_rows, get_family, runtime) -> dict:
                 name = attribution_key(row)
                 out[name] = out.get(name, 0.0) + float(saving) * float(row["calls_per_step"])
     return out
+
+
+def _grouped_entry_key(shape: dict, entries: dict, runtime) -> str | None:
+    """The entry serving resolves for the grouped form of a repeated-KV decode call: the baseline
+    step records transformers' call after repeat_kv (kv_heads = heads), the tuned step runs the
+    call on the model's cache (tuner.serving), whose KV head count is one of the export's for
+    this head count (an export harvested with --kv-heads); tried smallest first."""
+    heads = int(shape["heads"])
+    if int(shape["kv_heads"]) != heads:
+        return None
+    counts = sorted({int(e["shape"]["kv_heads"]) for e in entries.values()
+                     if isinstance(e, dict) and isinstance(e.get("shape"), dict)
+                     and e["shape"].get("heads") == heads
+                     and 0 < int(e["shape"].get("kv_heads") or 0) < heads
+                     and heads % int(e["shape"]["kv_heads"]) == 0})
+    for kv_heads in counts:
+        _config, key = runtime.resolve("attention", {**shape, "kv_heads": kv_heads})
+        if key is not None:
+            return key
+    return None
 
 
 def linear_floors(baseline_rows: list[dict], device_name: str) -> tuple[dict, str]:
