@@ -297,11 +297,12 @@ def test_the_export_projects_its_attention_saving_at_the_nearest_kv_len(monkeypa
     runtime.reset()
 
 
-def test_the_baseline_steps_repeated_call_projects_the_exported_grouped_entry(monkeypatch,
-                                                                             tmp_path):
-    """The baseline step records transformers' call after repeat_kv (kv_heads = heads); an export
-    harvested with --kv-heads holds the grouped call serving runs: its saving is projected for
-    the repeated row (on the H200 the attention row said 'projected -')."""
+def test_the_baseline_steps_repeated_call_projects_the_entry_the_tuned_step_served(monkeypatch,
+                                                                                 tmp_path):
+    """The baseline step records transformers' call after repeat_kv (kv_heads = heads); the tuned
+    step ran it on the model's grouped cache, whose entry (an export harvested with --kv-heads)
+    is projected for that row (on the H200 the attention row said 'projected -'). A real MHA
+    model's call (the tuned step ran it with kv_heads = heads too) takes no grouped entry."""
     from test_serving import IDENTITY, write_export
 
     monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
@@ -313,9 +314,21 @@ def test_the_baseline_steps_repeated_call_projects_the_exported_grouped_entry(mo
            "batch": 4, "heads": 8, "kv_heads": 8, "kv_len": 146, "head_dim": 64, "q_len": 1,
            "m": 1, "n": 146, "k": 64, "dtype": "bfloat16", "calls_per_step": 36.0,
            "us_per_call": 10.0}
-    projected = ab.projected_savings(tmp_path / "export" / "nvidia-h200", [row])
-    assert projected == {"attention b=4 h=8 kv=146 d=64": pytest.approx(36.0)}
-    # another head count finds nothing
-    other = {**row, "heads": 16, "kv_heads": 16}
-    assert ab.projected_savings(tmp_path / "export" / "nvidia-h200", [other]) == {}
+    tuned = {**row, "op": "tuner::decode_attention", "kv_heads": 2}
+    folder = tmp_path / "export" / "nvidia-h200"
+    assert ab.projected_savings(folder, [row], [tuned]) == {
+        "attention b=4 h=8 kv=146 d=64": pytest.approx(36.0)}
+    assert ab.projected_savings(folder, [row], [row]) == {}   # MHA: served as it was recorded
+    assert ab.projected_savings(folder, [row]) == {}
     runtime.reset()
+
+
+def test_the_trace_only_hint_names_the_models_kv_heads(tmp_path):
+    grouped = tmp_path / "llama.json"
+    grouped.write_text(json.dumps({"num_attention_heads": 32, "num_key_value_heads": 8}))
+    mha = tmp_path / "mha.json"
+    mha.write_text(json.dumps({"num_attention_heads": 16}))
+    assert ab._kv_heads_flag(("hf", str(grouped))) == " --kv-heads 8"
+    assert ab._kv_heads_flag(("hf", str(mha))) == ""
+    assert ab._kv_heads_flag(("hf", str(tmp_path / "missing.json"))) == ""
+    assert ab._kv_heads_flag(("callable", "x.py:Step")) == ""

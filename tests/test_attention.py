@@ -139,6 +139,7 @@ def test_a_call_traced_on_a_repeated_cache_keeps_the_grouped_key_and_the_traced_
     assert torch.equal(attention.launch(inputs, config), attention.launch(grouped, config))
     from tuner.spaces import check_shape   # exports and the loader accept it
     assert check_shape("attention", shape) == ""
+    assert "baseline_kv_heads 3" in check_shape("attention", {**GQA, "baseline_kv_heads": 3})
     with pytest.raises(ValueError, match="baseline_kv_heads"):
         attention.make_inputs({**GQA, "baseline_kv_heads": 3}, "cpu")
 

@@ -356,6 +356,7 @@ def test_a_regrouped_attention_call_exports_and_resolves_as_the_served_call(load
     assert doc["configs"][key]["shape"] == served
     assert runtime.config_for("attention", served) == config
     assert runtime.hit_counts() == {"attention": {key: 1}}
+    assert runtime.resolve("attention", measured) == (config, key)   # a shape_from_row shape
 
     # an export written before the fix (the key in the entry's shape) resolves the same way
     doc["configs"][key]["shape"] = measured

@@ -574,3 +574,28 @@ def test_was_enqueued_reads_the_queued_params_of_a_live_trial():
     queued = study.ask()
     assert search.was_enqueued(queued)
     assert not search.was_enqueued(study.ask())
+
+
+def test_a_study_resumed_with_another_measurement_of_its_shape_measures_its_baseline_again(
+        tmp_path):
+    """One study name per served call (shape_key): a study first searched against one baseline
+    (say, torch's grouped SDPA) and resumed with another (harvest --kv-heads: the repeated
+    cache's) must not keep the old baseline_us; the same shape keeps it."""
+    import dataclasses
+
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    plan = plans_for("resume-test")[0]
+    search.prepare_studies([plan], settings(url))
+    storage = search.make_storage(url, None, None)
+    study = optuna.load_study(study_name=plan.study_name, storage=storage)
+    study.set_user_attr("baseline_us", 9.8)
+    search.prepare_studies([plan], settings(url))
+    assert not study.user_attrs.get("baseline_stale")
+    remeasured = dataclasses.replace(plan, shape={**plan.shape, "baseline_kv_heads": 32})
+    search.prepare_studies([remeasured], settings(url))
+    assert study.user_attrs["baseline_stale"] is True
+    search.run_search([remeasured], settings(url, trials=1))   # the worker measures it again
+    assert study.user_attrs["baseline_us"] == pytest.approx(40.0 + plan.shape["n"] / 1000.0)
+    assert study.user_attrs["baseline_stale"] is False

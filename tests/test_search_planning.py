@@ -119,3 +119,20 @@ def test_launch_bound_hint_counts_the_shapes_a_graph_captured_budget_keeps():
     captured = search.judge(table, "gemv", H200, graph_captured=True)
     assert search.launch_bound(captured, table, "gemv", H200) is None
     assert isinstance(judged, pd.DataFrame)
+
+
+def test_one_call_measured_two_ways_is_one_study_and_says_so(capsys):
+    """A decode attention call harvested with --kv-heads (its baseline: the repeated cache) and
+    the same call from a table without (torch's grouped SDPA): one study name, one baseline;
+    the planner says so instead of silently picking one."""
+    rows = shapetable.read(ROOT / "shapes" / "examples" / "qwen25_05b_b4_decode.parquet")
+    attention = rows[(rows["family"] == "attention") & (rows["phase"] == "decode")].head(1)
+    table = pd.concat([attention, attention.assign(traced_kv_heads=14)], ignore_index=True)
+    table["traced_kv_heads"] = table["traced_kv_heads"].astype("Int64")
+    judged = budget.compute(table, H200, threshold=_us_threshold())
+    planned, _ = search.plan_shapes(judged, "attention")
+    assert len(planned) == 1
+    assert "measured 2 ways" in capsys.readouterr().err
+    planned, _ = search.plan_shapes(budget.compute(attention, H200, threshold=_us_threshold()),
+                                    "attention")
+    assert "measured" not in capsys.readouterr().err

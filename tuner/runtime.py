@@ -343,6 +343,9 @@ def resolve(family: str, shape: dict) -> tuple[dict | None, str | None]:
 
 
 def _resolve(family: str, shape: dict) -> tuple[dict | None, str | None]:
+    from .spaces import served_shape
+
+    shape = served_shape(family, shape)  # a shape_from_row shape may carry a measurement key
     loaded = _loaded(family)
     wanted = shape_tuple(shape)
     hit = loaded.entries.get(wanted)

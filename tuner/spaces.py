@@ -256,4 +256,10 @@ def check_shape(family: str, shape) -> str:
             return f"{key}={value!r} is not a positive integer"
     if family == "attention" and shape["heads"] % shape["kv_heads"]:
         return f"heads {shape['heads']} is not a multiple of kv_heads {shape['kv_heads']}"
+    repeated = shape.get("baseline_kv_heads")
+    if family == "attention" and repeated is not None and not (
+            repeated > shape["kv_heads"] and repeated % shape["kv_heads"] == 0
+            and shape["heads"] % repeated == 0):
+        return (f"baseline_kv_heads {repeated} is not a multiple of kv_heads {shape['kv_heads']} "
+                f"above it that divides heads {shape['heads']}")
     return ""

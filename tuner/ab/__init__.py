@@ -86,11 +86,14 @@ def _harvest(traces: dict) -> tuple[dict, str]:
     return tables, ""
 
 
-def projected_savings(export_dir: str | Path, baseline_rows: list[dict]) -> dict:
+def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
+                      tuned_rows: list[dict] | None = None) -> dict:
     """attribution key ('m=..,n=..,k=..', 'attention b=.. h=.. kv=.. d=..') -> the saving the
     export projects per step for that call: the saving per call rank measured for the entry
     serving uses (exact, else nearest m / kv_len), times the calls per step in this A/B's own
-    baseline step."""
+    baseline step. `tuned_rows` (the tuned step's harvested rows) say which KV head count the
+    tuned step ran a decode attention call with: transformers' baseline call is recorded after
+    repeat_kv (kv_heads = heads), the served one on the model's cache."""
     import os
 
     from kernels import get_family
@@ -101,7 +104,7 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict]) -> dict
     os.environ["TUNER_EXPORT_DIR"] = str(export_dir)
     runtime.reset()
     try:
-        return _projected(export_dir, baseline_rows, get_family, runtime)
+        return _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows or [])
     finally:
         if previous is None:
             os.environ.pop("TUNER_EXPORT_DIR", None)
@@ -110,10 +113,14 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict]) -> dict
         runtime.reset()
 
 
-def _projected(export_dir, baseline_rows, get_family, runtime) -> dict:
+def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows) -> dict:
     """attribution key -> the export's projected saving per step for the baseline step's calls
     (the entry each call resolves to: exact, else nearest m / kv_len, as serving resolves it)."""
     from .verdict import attribution_key
+
+    served_kv_heads = {attribution_key(r): int(r["kv_heads"]) for r in tuned_rows
+                       if r.get("family") == "attention" and r.get("kv_heads") is not None
+                       and r.get("heads") is not None and int(r["kv_heads"]) < int(r["heads"])}
 
     families = {"gemm": ("gemv", "gemm"), "attention": ("attention",)}
     docs = {}
@@ -131,8 +138,11 @@ def _projected(export_dir, baseline_rows, get_family, runtime) -> dict:
                 continue
             try:
                 _config, key = runtime.resolve(family, shape)
-                if key is None and family == "attention":
-                    key = _grouped_entry_key(shape, docs["attention"], runtime)
+                grouped = served_kv_heads.get(attribution_key(row))
+                if key is None and family == "attention" and grouped is not None \
+                        and int(shape["kv_heads"]) == int(shape["heads"]):
+                    # the tuned step ran it on the grouped cache: the entry serving resolved
+                    _config, key = runtime.resolve(family, {**shape, "kv_heads": grouped})
             except Exception:  # noqa: BLE001 - no usable export: nothing projected
                 key = None
             entry = docs[family].get(key) if key else None
@@ -141,26 +151,6 @@ def _projected(export_dir, baseline_rows, get_family, runtime) -> dict:
                 name = attribution_key(row)
                 out[name] = out.get(name, 0.0) + float(saving) * float(row["calls_per_step"])
     return out
-
-
-def _grouped_entry_key(shape: dict, entries: dict, runtime) -> str | None:
-    """The entry serving resolves for the grouped form of a repeated-KV decode call: the baseline
-    step records transformers' call after repeat_kv (kv_heads = heads), the tuned step runs the
-    call on the model's cache (tuner.serving), whose KV head count is one of the export's for
-    this head count (an export harvested with --kv-heads); tried smallest first."""
-    heads = int(shape["heads"])
-    if int(shape["kv_heads"]) != heads:
-        return None
-    counts = sorted({int(e["shape"]["kv_heads"]) for e in entries.values()
-                     if isinstance(e, dict) and isinstance(e.get("shape"), dict)
-                     and e["shape"].get("heads") == heads
-                     and 0 < int(e["shape"].get("kv_heads") or 0) < heads
-                     and heads % int(e["shape"]["kv_heads"]) == 0})
-    for kv_heads in counts:
-        _config, key = runtime.resolve("attention", {**shape, "kv_heads": kv_heads})
-        if key is not None:
-            return key
-    return None
 
 
 def linear_floors(baseline_rows: list[dict], device_name: str) -> tuple[dict, str]:
@@ -202,8 +192,24 @@ def _trace_only(spec, batches, settings, out_root, timeout_s, out) -> int:
         if not child.ok:
             raise TunerError(f"tracing {label} at batch {batch} failed: {child.reason}")
         paths = child.data["traces"]["baseline"]
-        out(f"{label} batch {batch}: tuner harvest {paths['replay']} --capture {paths['capture']}")
+        out(f"{label} batch {batch}: tuner harvest {paths['replay']} --capture {paths['capture']}"
+            + _kv_heads_flag(spec))
     return EXIT_PASS
+
+
+def _kv_heads_flag(spec: tuple[str, str]) -> str:
+    """' --kv-heads N' for a transformers config with grouped KV heads (the baseline step records
+    its decode attention after repeat_kv; harvest reads it as the grouped call serving runs),
+    else ''."""
+    if spec[0] != "hf":
+        return ""
+    try:
+        config = json.loads(Path(spec[1]).read_text())
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return f" --kv-heads {kv_heads}" if kv_heads < heads else ""
 
 
 def run(spec: tuple[str, str], *, batches: list[int], settings: ABSettings,
@@ -241,7 +247,8 @@ def run(spec: tuple[str, str], *, batches: list[int], settings: ABSettings,
             if note:
                 warn(note)
             if tables.get("baseline") and export_dir:
-                projected = projected_savings(export_dir, tables["baseline"])
+                projected = projected_savings(export_dir, tables["baseline"],
+                                              tables.get("tuned") or [])
             if tables.get("baseline"):
                 floors, floor_label = linear_floors(tables["baseline"],
                                                     str(child.data.get("device_name") or ""))

@@ -175,6 +175,13 @@ def plan_shapes(judged, family: str):
     rows = judged.assign(kernel_shape=shapes)[[s is not None for s in shapes]]
     rows = rows.assign(shape_key=[fam.shape_key(s) for s in rows["kernel_shape"]])
     kept = rows[rows["verdict"] == "keep"]
+    for key, group in kept.groupby("shape_key", sort=False):
+        measured = {json.dumps(s, sort_keys=True) for s in group["kernel_shape"]}
+        if len(measured) > 1:  # e.g. one row harvested with --kv-heads, one without
+            warn(f"{key}: the table holds this call measured {len(measured)} ways (a "
+                 "measurement key such as baseline_kv_heads differs between its rows, e.g. "
+                 "tables harvested with and without --kv-heads); one baseline is searched and "
+                 "ranked for all of them")
     kept_keys = set(kept["shape_key"])
     skipped = [(r.shape_key, f"{r.phase}: {r.reason}") for r in rows.itertuples(index=False)
                if r.verdict != "keep" and r.shape_key not in kept_keys]

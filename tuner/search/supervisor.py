@@ -77,6 +77,10 @@ def prepare_studies(plans: list[StudyPlan], settings: SearchSettings) -> None:
                   "weight_us_per_token": plan.weight, "n_valid_configs": plan.n_valid,
                   **{k: plan.attrs.get(k) for k in ("calls_per_step", "step_us", "step_basis",
                                                     "hit_rate", "phase", "source")}}
+        if not created and "baseline_us" in attrs and attrs.get("shape") != plain(plan.shape):
+            # the same call measured another way (a key in no study name: harvest --kv-heads'
+            # baseline_kv_heads): its baseline is measured again (worker._measure_baseline)
+            study.set_user_attr("baseline_stale", True)
         for name, value in wanted.items():
             if attrs.get(name) != plain(value):
                 study.set_user_attr(name, plain(value))

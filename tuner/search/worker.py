@@ -343,7 +343,7 @@ def _trials(args: WorkerArgs, conn, stop_event, factory, studies: dict) -> None:
             objectives.clear()  # one shape's inputs on the GPU at a time
             objectives[plan.study_name] = factory(plan)
         objective = objectives[plan.study_name]
-        if "baseline_us" not in study.user_attrs:
+        if "baseline_us" not in study.user_attrs or study.user_attrs.get("baseline_stale"):
             _measure_baseline(study, plan, objective, conn, args.slot)
         if settings.heartbeat_s:
             fail_stale_trials(study)
@@ -368,6 +368,7 @@ def _trials(args: WorkerArgs, conn, stop_event, factory, studies: dict) -> None:
 def _measure_baseline(study, plan: StudyPlan, objective: Objective, conn, slot: int) -> None:
     """The baseline (torch's path) of a shape, once, by the first worker on it."""
     conn.send(BaselineStarted(slot, plan.study_name, time.time()))
+    study.set_user_attr("baseline_stale", False)
     try:
         study.set_user_attr("baseline_us", float(objective.baseline_us()))
     except Exception as exc:  # noqa: BLE001 - the search goes on without a baseline
