@@ -277,20 +277,27 @@ def test_run_with_ab_on_a_machine_without_gpu_says_what_the_ab_would_run(tmp_pat
     assert "tuner ab needs a GPU" in out
 
 
-def test_the_export_projects_its_attention_saving_at_the_nearest_kv_len(monkeypatch, tmp_path):
-    """The step's decode attention (kv_len 146) resolves to the exported kv_len 162 entry as
-    serving resolves it: its measured saving per call x the step's calls is projected."""
+def _attention_export_and_row(monkeypatch, tmp_path, exported_kv_heads: int) -> dict:
+    """On 'an H200': an export of one decode attention entry (8 query heads on
+    `exported_kv_heads`, kv_len 162; write_export records 5.0 -> 4.0 us a call) and the baseline
+    step's harvested row of that call (kv_len 146, as transformers records it: kv_heads = heads)."""
     from test_serving import IDENTITY, write_export
 
     monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
     monkeypatch.delenv("TUNER_EXPORT_DIR", raising=False)
-    shape = {"batch": 4, "heads": 8, "kv_heads": 8, "kv_len": 162, "head_dim": 64,
-             "dtype": "bfloat16"}
+    shape = {"batch": 4, "heads": 8, "kv_heads": exported_kv_heads, "kv_len": 162,
+             "head_dim": 64, "dtype": "bfloat16"}
     write_export(tmp_path / "export", [("attention", shape)])
-    row = {"op": "aten::scaled_dot_product_attention", "family": "attention", "phase": "decode",
-           "batch": 4, "heads": 8, "kv_heads": 8, "kv_len": 146, "head_dim": 64, "q_len": 1,
-           "m": 1, "n": 146, "k": 64, "dtype": "bfloat16", "calls_per_step": 36.0,
-           "us_per_call": 10.0}
+    return {"op": "aten::scaled_dot_product_attention", "family": "attention",
+            "phase": "decode", "batch": 4, "heads": 8, "kv_heads": 8, "kv_len": 146,
+            "head_dim": 64, "q_len": 1, "m": 1, "n": 146, "k": 64, "dtype": "bfloat16",
+            "calls_per_step": 36.0, "us_per_call": 10.0}
+
+
+def test_the_export_projects_its_attention_saving_at_the_nearest_kv_len(monkeypatch, tmp_path):
+    """The step's decode attention (kv_len 146) resolves to the exported kv_len 162 entry as
+    serving resolves it: its measured saving per call x the step's calls is projected."""
+    row = _attention_export_and_row(monkeypatch, tmp_path, exported_kv_heads=8)
     projected = ab.projected_savings(tmp_path / "export" / "nvidia-h200", [row])
     # write_export records 5.0 -> 4.0 us a call
     assert projected == {"attention b=4 h=8 kv=146 d=64": pytest.approx(36.0)}
@@ -303,17 +310,7 @@ def test_the_baseline_steps_repeated_call_projects_the_entry_the_tuned_step_serv
     step ran it on the model's grouped cache, whose entry (an export harvested with --kv-heads)
     is projected for that row (on the H200 the attention row said 'projected -'). A real MHA
     model's call (the tuned step ran it with kv_heads = heads too) takes no grouped entry."""
-    from test_serving import IDENTITY, write_export
-
-    monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
-    monkeypatch.delenv("TUNER_EXPORT_DIR", raising=False)
-    grouped = {"batch": 4, "heads": 8, "kv_heads": 2, "kv_len": 162, "head_dim": 64,
-               "dtype": "bfloat16"}
-    write_export(tmp_path / "export", [("attention", grouped)])
-    row = {"op": "aten::scaled_dot_product_attention", "family": "attention", "phase": "decode",
-           "batch": 4, "heads": 8, "kv_heads": 8, "kv_len": 146, "head_dim": 64, "q_len": 1,
-           "m": 1, "n": 146, "k": 64, "dtype": "bfloat16", "calls_per_step": 36.0,
-           "us_per_call": 10.0}
+    row = _attention_export_and_row(monkeypatch, tmp_path, exported_kv_heads=2)
     tuned = {**row, "op": "tuner::decode_attention", "kv_heads": 2}
     folder = tmp_path / "export" / "nvidia-h200"
     assert ab.projected_savings(folder, [row], [tuned]) == {
