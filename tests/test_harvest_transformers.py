@@ -118,3 +118,8 @@ def test_only_transformers_packed_decode_is_unpacked(case, q, k, mask, strides, 
 
     shape = attention_shape(_sdpa_op(q, k, mask, strides))
     assert (shape["heads"], shape["kv_heads"], shape["q_len"]) == expected, case
+
+
+def test_kv_heads_does_not_go_with_watch(tmp_path, capsys):
+    assert cli_main(["harvest", "--watch", str(tmp_path), "--kv-heads", "8"]) != 0
+    assert "--kv-heads goes with TRACE... or --live" in capsys.readouterr().err
