@@ -223,6 +223,8 @@ def served_shape(family: str, shape: dict) -> dict:
     (what an export stores and the runtime loader indexes)."""
     drop = MEASURE_KEYS.get(family, ())
     return {k: v for k, v in shape.items() if k not in drop}
+
+
 SHAPE_DTYPES = ("bfloat16", "float16")  # kernels.common.DTYPES (not imported: it pulls in torch)
 SHAPE_LAYOUTS = ("NT", "NN")
 

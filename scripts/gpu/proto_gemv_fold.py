@@ -9,14 +9,6 @@ import triton.language as tl
 
 
 @triton.jit
-def XB(v, X1D: tl.constexpr):
-    if X1D == 2:
-        return v[None, :]
-    else:
-        return v
-
-
-@triton.jit
 def split8(v, R: tl.constexpr, AK: tl.constexpr):
     # [R, AK*8] -> eight [R, AK] tensors (k = 8*j + 4*a + 2*b + c), all within a thread
     v = tl.reshape(v, [R, AK, 2, 2, 2])
@@ -48,8 +40,10 @@ def fma8(acc, w8, x, R: tl.constexpr, AK: tl.constexpr):
 @triton.jit
 def _gemv_proto(x_ptr, w_ptr, out_ptr, N, K, k_per_split, stride_xm, stride_wn, stride_om,
                 M: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
-                STATIC_KPS: tl.constexpr = 0, X1D: tl.constexpr = 1, KRED: tl.constexpr = 8,
-                SEQ: tl.constexpr = 0):
+                STATIC_KPS: tl.constexpr = 0):
+    """The measured form (session 17, call 2): x through kernels/gemv.py's [R, BK] pointer tensor,
+    each step's 8 k values a thread holds folded into the [R, BK / 8] accumulators by an FMA
+    chain; row sums after the loop."""
     pid_n = tl.program_id(0)
     rows = pid_n * ROWS_PER_BLOCK + tl.arange(0, ROWS_PER_BLOCK)
     n_mask = rows < N
@@ -57,7 +51,7 @@ def _gemv_proto(x_ptr, w_ptr, out_ptr, N, K, k_per_split, stride_xm, stride_wn, 
     offs = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows_safe.to(tl.int64)[:, None] * stride_wn
     zero_rows = tl.zeros([ROWS_PER_BLOCK], dtype=tl.int32)
-    ACC_K: tl.constexpr = BLOCK_K // KRED if KRED > 0 else BLOCK_K
+    ACC_K: tl.constexpr = BLOCK_K // 8
     acc0 = tl.zeros([ROWS_PER_BLOCK, ACC_K], dtype=tl.float32)
     acc1 = tl.zeros([ROWS_PER_BLOCK, ACC_K], dtype=tl.float32)
     acc2 = tl.zeros([ROWS_PER_BLOCK, ACC_K], dtype=tl.float32)
@@ -70,70 +64,30 @@ def _gemv_proto(x_ptr, w_ptr, out_ptr, N, K, k_per_split, stride_xm, stride_wn, 
     for k0 in range(0, kps_loop, BLOCK_K):
         offs_k = k0 + offs
         w = tl.load(w_rows + offs_k[None, :], eviction_policy="evict_first").to(tl.float32)
-        if X1D == 1:
-            x_off = offs_k[None, :]          # [1, BK]: one x load per k per thread
-        elif X1D == 2:
-            x_off = offs_k                   # 1-D [BK], broadcast in the product below
-        else:
-            x_off = zero_rows[:, None] + offs_k[None, :]   # [R, BK]: the current kernel
-        if SEQ:  # KRED == 8, x through the [R, BK] pointer tensor (X1D == 0)
-            w8 = split8(w, ROWS_PER_BLOCK, ACC_K)
-            acc0 = fma8(acc0, w8, tl.load(x_ptr + 0 * stride_xm + x_off).to(tl.float32), ROWS_PER_BLOCK, ACC_K)
-            if M > 1:
-                acc1 = fma8(acc1, w8, tl.load(x_ptr + 1 * stride_xm + x_off).to(tl.float32), ROWS_PER_BLOCK, ACC_K)
-            if M > 2:
-                acc2 = fma8(acc2, w8, tl.load(x_ptr + 2 * stride_xm + x_off).to(tl.float32), ROWS_PER_BLOCK, ACC_K)
-            if M > 3:
-                acc3 = fma8(acc3, w8, tl.load(x_ptr + 3 * stride_xm + x_off).to(tl.float32), ROWS_PER_BLOCK, ACC_K)
-            if M > 4:
-                acc4 = fma8(acc4, w8, tl.load(x_ptr + 4 * stride_xm + x_off).to(tl.float32), ROWS_PER_BLOCK, ACC_K)
-            if M > 5:
-                acc5 = fma8(acc5, w8, tl.load(x_ptr + 5 * stride_xm + x_off).to(tl.float32), ROWS_PER_BLOCK, ACC_K)
-            if M > 6:
-                acc6 = fma8(acc6, w8, tl.load(x_ptr + 6 * stride_xm + x_off).to(tl.float32), ROWS_PER_BLOCK, ACC_K)
-            if M > 7:
-                acc7 = fma8(acc7, w8, tl.load(x_ptr + 7 * stride_xm + x_off).to(tl.float32), ROWS_PER_BLOCK, ACC_K)
-        else:
-            # --- one block per x row (written out: no helper @jit, as in kernels/gemv.py)
-            p = w * XB(tl.load(x_ptr + 0 * stride_xm + x_off).to(tl.float32), X1D)
-            if KRED > 0:
-                p = tl.sum(tl.reshape(p, [ROWS_PER_BLOCK, ACC_K, KRED]), axis=2)
-            acc0 += p
-            if M > 1:
-                p = w * XB(tl.load(x_ptr + 1 * stride_xm + x_off).to(tl.float32), X1D)
-                if KRED > 0:
-                    p = tl.sum(tl.reshape(p, [ROWS_PER_BLOCK, ACC_K, KRED]), axis=2)
-                acc1 += p
-            if M > 2:
-                p = w * XB(tl.load(x_ptr + 2 * stride_xm + x_off).to(tl.float32), X1D)
-                if KRED > 0:
-                    p = tl.sum(tl.reshape(p, [ROWS_PER_BLOCK, ACC_K, KRED]), axis=2)
-                acc2 += p
-            if M > 3:
-                p = w * XB(tl.load(x_ptr + 3 * stride_xm + x_off).to(tl.float32), X1D)
-                if KRED > 0:
-                    p = tl.sum(tl.reshape(p, [ROWS_PER_BLOCK, ACC_K, KRED]), axis=2)
-                acc3 += p
-            if M > 4:
-                p = w * XB(tl.load(x_ptr + 4 * stride_xm + x_off).to(tl.float32), X1D)
-                if KRED > 0:
-                    p = tl.sum(tl.reshape(p, [ROWS_PER_BLOCK, ACC_K, KRED]), axis=2)
-                acc4 += p
-            if M > 5:
-                p = w * XB(tl.load(x_ptr + 5 * stride_xm + x_off).to(tl.float32), X1D)
-                if KRED > 0:
-                    p = tl.sum(tl.reshape(p, [ROWS_PER_BLOCK, ACC_K, KRED]), axis=2)
-                acc5 += p
-            if M > 6:
-                p = w * XB(tl.load(x_ptr + 6 * stride_xm + x_off).to(tl.float32), X1D)
-                if KRED > 0:
-                    p = tl.sum(tl.reshape(p, [ROWS_PER_BLOCK, ACC_K, KRED]), axis=2)
-                acc6 += p
-            if M > 7:
-                p = w * XB(tl.load(x_ptr + 7 * stride_xm + x_off).to(tl.float32), X1D)
-                if KRED > 0:
-                    p = tl.sum(tl.reshape(p, [ROWS_PER_BLOCK, ACC_K, KRED]), axis=2)
-                acc7 += p
+        w8 = split8(w, ROWS_PER_BLOCK, ACC_K)
+        x_off = zero_rows[:, None] + offs_k[None, :]
+        acc0 = fma8(acc0, w8, tl.load(x_ptr + x_off).to(tl.float32), ROWS_PER_BLOCK, ACC_K)
+        if M > 1:
+            acc1 = fma8(acc1, w8, tl.load(x_ptr + 1 * stride_xm + x_off).to(tl.float32),
+                         ROWS_PER_BLOCK, ACC_K)
+        if M > 2:
+            acc2 = fma8(acc2, w8, tl.load(x_ptr + 2 * stride_xm + x_off).to(tl.float32),
+                         ROWS_PER_BLOCK, ACC_K)
+        if M > 3:
+            acc3 = fma8(acc3, w8, tl.load(x_ptr + 3 * stride_xm + x_off).to(tl.float32),
+                         ROWS_PER_BLOCK, ACC_K)
+        if M > 4:
+            acc4 = fma8(acc4, w8, tl.load(x_ptr + 4 * stride_xm + x_off).to(tl.float32),
+                         ROWS_PER_BLOCK, ACC_K)
+        if M > 5:
+            acc5 = fma8(acc5, w8, tl.load(x_ptr + 5 * stride_xm + x_off).to(tl.float32),
+                         ROWS_PER_BLOCK, ACC_K)
+        if M > 6:
+            acc6 = fma8(acc6, w8, tl.load(x_ptr + 6 * stride_xm + x_off).to(tl.float32),
+                         ROWS_PER_BLOCK, ACC_K)
+        if M > 7:
+            acc7 = fma8(acc7, w8, tl.load(x_ptr + 7 * stride_xm + x_off).to(tl.float32),
+                         ROWS_PER_BLOCK, ACC_K)
     ty = out_ptr.dtype.element_ty
     tl.store(out_ptr + rows, tl.sum(acc0, axis=1).to(ty), mask=n_mask)
     if M > 1:
@@ -152,13 +106,12 @@ def _gemv_proto(x_ptr, w_ptr, out_ptr, N, K, k_per_split, stride_xm, stride_wn, 
         tl.store(out_ptr + 7 * stride_om + rows, tl.sum(acc7, axis=1).to(ty), mask=n_mask)
 
 
-
 def plan(x, w, out, R, BK, nw):
     from kernels.common import KernelCall
     m, k = x.shape
     n = w.shape[0]
     assert k % BK == 0
-    meta = dict(M=m, ROWS_PER_BLOCK=R, BLOCK_K=BK, STATIC_KPS=0, X1D=0, KRED=8, SEQ=1)
+    meta = dict(M=m, ROWS_PER_BLOCK=R, BLOCK_K=BK, STATIC_KPS=0)
     return KernelCall(_gemv_proto, (triton.cdiv(n, R), 1),
                       (x, w, out, n, k, k, x.stride(0), w.stride(0), out.stride(0)), meta,
                       {"num_warps": nw, "num_stages": 1})
