@@ -106,7 +106,7 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
                  (tiled(bm, 32, 128, 4, 5, 1), 1), (tiled(bm, 128, 64, 4, 4, 1), 0)]
     if m >= 128:  # wgmma tiles of the tiled kernel
         base += [(tiled(128, 128, 64, 8, 3, 1), 1), (tiled(128, 128, 64, 8, 4, 0), 0),
-                 (tiled(128, 256, 64, 8, 3, 1), 0)]
+                 (tiled(128, 256, 64, 8, 3, 1), 2)]
     # the skinny kernel: BLOCK_M = m up to 128 (two tiles, or one of 256, at m = 256); 64
     # weight rows a program is wgmma's minimum, so n = 4096 gives only 64 programs: split K 2
     # and 4 are both tried there, against the reduce kernel's extra launch
@@ -114,7 +114,8 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
     base += [(skinny(sm, 64, 128, 4, 6 if sm <= 64 else 4), 2),
              (skinny(sm, 64, 256, 4, 4 if sm <= 32 else 3), 0),
              (skinny(sm, 128, 128, 4, 6 if sm <= 16 else 4 if sm <= 64 else 3), 1),
-             (skinny(sm, 128, 64, 8, 6), 0), (skinny(sm, 64, 128, 4, 4, tma=0), 0)]
+             (skinny(sm, 128, 64, 8, 6), 2 if m >= 128 else 0),
+             (skinny(sm, 64, 128, 4, 4, tma=0), 0)]
     if 16 < m <= 32:
         # half-height activation tiles: two programs read each weight tile, the second from L2
         # (the 2026-12-01 afternoon search's m = 32 winners on 4096x4096 and 4096x12288:
@@ -124,7 +125,12 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
         if n <= 2048:
             base += [(skinny(sm, 64, 64, 4, 6, tma=0) | {"SPLIT_K": 8}, 0)]
     if m >= 64:
-        base += [(skinny(sm, 128, 128, 8, 4), 0)]
+        # 256 weight rows a program (wgmma's M side on two warpgroups): each program reads the
+        # activation tile from L2 once per 256 weight rows, not once per 64 / 128 (at m = 128
+        # with 64-row tiles that traffic is twice the weight's bytes); split K restores the
+        # program count the wider tile takes away
+        base += [(skinny(sm, 128, 128, 8, 4), 0), (skinny(sm, 256, 64, 8, 4), 3),
+                 (skinny(sm, 256, 64, 8, 3), 0)]
     if m >= 256:
         base += [(skinny(256, 64, 64, 4, 4), 0), (skinny(256, 128, 64, 8, 3), 0)]
     configs = []

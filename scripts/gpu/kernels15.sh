@@ -25,7 +25,8 @@
 #   3. tables last: per case (TB/s, % of measured bandwidth, speedup [95% CI], parity, winner),
 #      the best time of each variant per case (which variant wins), and per model the decode step
 #      of its linears (sum over layers) against bytes / bandwidth and torch.
-# KERNELS15_SET=8b (default) | 27b (Gemma-3-27B-shaped linears, 5376 hidden) | all picks the shapes.
+# KERNELS15_SET=8b (default) | 27b (Gemma-3-27B-shaped linears, 5376 hidden) | all picks the shapes;
+# KERNELS15_M="128,256" (default: all eight) picks the batch sizes.
 # Budget KERNELS15_BUDGET_S (default 390 s): no case starts after it; cases are ordered so a cut
 # drops the least informative last. A RESULTS-JSON line holds every number.
 # CPU check of the Python (interpreter, tiny shapes, numbers meaningless):
@@ -129,6 +130,11 @@ if SHAPE_SET == "27b":
 elif SHAPE_SET == "all":
     MODELS, NK = {**MODELS, **MODELS_27B}, NK + NK_27B
 M_ORDER = (1, 32, 4, 128, 16, 8, 64, 256)  # interleaved: a spent budget cuts the m=256 cases last
+if os.environ.get("KERNELS15_M"):
+    try:
+        M_ORDER = tuple(int(v) for v in os.environ["KERNELS15_M"].split(","))
+    except ValueError:
+        raise SystemExit(f"KERNELS15_M must be comma-separated batch sizes, not {os.environ['KERNELS15_M']!r}")
 if SMOKE:
     NK, M_ORDER = [(72, 96, "tiny"), (40, 104, "tiny2")], (1, 3, 17)
     MODELS = {"tiny": (2, [("a", 72, 96, 1)], [("a", 72, 96, 1), ("b", 40, 104, 1)])}
