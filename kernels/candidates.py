@@ -73,7 +73,9 @@ def _gemv(shape: dict, sms: int) -> list[dict]:
     # USE_DOT 1 (mma.sync, cp.async stages): the m >= 2 default and a searched winner
     base += [(dot(32, 128, 4, 4, 1), True), (dot(64, 128, 4, 4, 1), False)]
     # USE_DOT 2 (swap-AB wgmma, W by TMA): 64 / 128 weight rows a program, 4-6 stages in flight
-    base += [(dot(64, 128, 4, 4, 2), True), (dot(64, 128, 4, 6, 2), False),
+    # (the 6-stage one split too: 4096-row down projections at m = 4-8 stood at 87-90% of the
+    # read bandwidth with 64 programs, a deeper stream on twice the programs is the probe)
+    base += [(dot(64, 128, 4, 4, 2), True), (dot(64, 128, 4, 6, 2), True),
              (dot(128, 128, 4, 4, 2), True), (dot(128, 128, 8, 4, 2), False),
              (dot(64, 256, 4, 4, 2), False)]
     configs = []
@@ -106,7 +108,7 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
                  (tiled(bm, 32, 128, 4, 5, 1), 1), (tiled(bm, 128, 64, 4, 4, 1), 0)]
     if m >= 128:  # wgmma tiles of the tiled kernel
         base += [(tiled(128, 128, 64, 8, 3, 1), 1), (tiled(128, 128, 64, 8, 4, 0), 0),
-                 (tiled(128, 256, 64, 8, 3, 1), 2)]
+                 (tiled(128, 256, 64, 8, 3, 1), 0)]
     # the skinny kernel: BLOCK_M = m up to 128 (two tiles, or one of 256, at m = 256); 64
     # weight rows a program is wgmma's minimum, so n = 4096 gives only 64 programs: split K 2
     # and 4 are both tried there, against the reduce kernel's extra launch
@@ -114,8 +116,7 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
     base += [(skinny(sm, 64, 128, 4, 6 if sm <= 64 else 4), 2),
              (skinny(sm, 64, 256, 4, 4 if sm <= 32 else 3), 0),
              (skinny(sm, 128, 128, 4, 6 if sm <= 16 else 4 if sm <= 64 else 3), 1),
-             (skinny(sm, 128, 64, 8, 6), 2 if m >= 128 else 0),
-             (skinny(sm, 64, 128, 4, 4, tma=0), 0)]
+             (skinny(sm, 128, 64, 8, 6), 0), (skinny(sm, 64, 128, 4, 4, tma=0), 0)]
     if 16 < m <= 32:
         # half-height activation tiles: two programs read each weight tile, the second from L2
         # (the 2026-12-01 afternoon search's m = 32 winners on 4096x4096 and 4096x12288:
@@ -125,12 +126,13 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
         if n <= 2048:
             base += [(skinny(sm, 64, 64, 4, 6, tma=0) | {"SPLIT_K": 8}, 0)]
     if m >= 64:
-        # 256 weight rows a program (wgmma's M side on two warpgroups): each program reads the
-        # activation tile from L2 once per 256 weight rows, not once per 64 / 128 (at m = 128
-        # with 64-row tiles that traffic is twice the weight's bytes); split K restores the
-        # program count the wider tile takes away
-        base += [(skinny(sm, 128, 128, 8, 4), 0), (skinny(sm, 256, 64, 8, 4), 3),
-                 (skinny(sm, 256, 64, 8, 3), 0)]
+        base += [(skinny(sm, 128, 128, 8, 4), 0)]
+    if m >= 128:
+        # 256 weight rows a program (wgmma's M side on two warpgroups): the activation tile is
+        # read from L2 once per 256 weight rows, not per 64 / 128. The H200 sweep of session 18
+        # (BENCHMARKS.md) kept it for the widest shapes (9 of 32 cases at m = 128 / 256, by
+        # 0.1-7.9%, all but one unsplit); at m = 64 and on n <= 8192 it lost everywhere
+        base += [(skinny(sm, 256, 64, 8, 4), 1)]
     if m >= 256:
         base += [(skinny(256, 64, 64, 4, 4), 0), (skinny(256, 128, 64, 8, 3), 0)]
     configs = []
