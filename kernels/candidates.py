@@ -73,9 +73,9 @@ def _gemv(shape: dict, sms: int) -> list[dict]:
     # USE_DOT 1 (mma.sync, cp.async stages): the m >= 2 default and a searched winner
     base += [(dot(32, 128, 4, 4, 1), True), (dot(64, 128, 4, 4, 1), False)]
     # USE_DOT 2 (swap-AB wgmma, W by TMA): 64 / 128 weight rows a program, 4-6 stages in flight
-    # (the 6-stage one split too: 4096-row down projections at m = 4-8 stood at 87-90% of the
-    # read bandwidth with 64 programs, a deeper stream on twice the programs is the probe)
-    base += [(dot(64, 128, 4, 4, 2), True), (dot(64, 128, 4, 6, 2), True),
+    # (the 6-stage one split as well was measured slower on every m = 4-8 case, by 6-34%:
+    # session 18, BENCHMARKS.md)
+    base += [(dot(64, 128, 4, 4, 2), True), (dot(64, 128, 4, 6, 2), False),
              (dot(128, 128, 4, 4, 2), True), (dot(128, 128, 8, 4, 2), False),
              (dot(64, 256, 4, 4, 2), False)]
     configs = []
@@ -134,7 +134,10 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
         # 0.1-7.9%, all but one unsplit); at m = 64 and on n <= 8192 it lost everywhere
         base += [(skinny(sm, 256, 64, 8, 4), 1)]
     if m >= 256:
-        base += [(skinny(256, 64, 64, 4, 4), 0), (skinny(256, 128, 64, 8, 3), 0)]
+        # and the tiled kernel's 256 x 128 tile (every activation row in one tile: each weight
+        # tile is read by one program; the swapped twin is skinny(256, 128, ...))
+        base += [(skinny(256, 64, 64, 4, 4), 0), (skinny(256, 128, 64, 8, 3), 0),
+                 (tiled(256, 128, 64, 8, 3, 1), 0), (tiled(256, 128, 64, 8, 4, 1), 0)]
     configs = []
     for c, splits in base:
         configs.append({"SPLIT_K": 1, **c})
