@@ -134,10 +134,10 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
         # 0.1-7.9%, all but one unsplit); at m = 64 and on n <= 8192 it lost everywhere
         base += [(skinny(sm, 256, 64, 8, 4), 1)]
     if m >= 256:
-        # and the tiled kernel's 256 x 128 tile (every activation row in one tile: each weight
-        # tile is read by one program; the swapped twin is skinny(256, 128, ...))
-        base += [(skinny(256, 64, 64, 4, 4), 0), (skinny(256, 128, 64, 8, 3), 0),
-                 (tiled(256, 128, 64, 8, 3, 1), 0), (tiled(256, 128, 64, 8, 4, 1), 0)]
+        # (the tiled kernel's 256 x 128 tile, each weight tile read by one program, was measured
+        # in session 18: slower than the best config on 8 of 9 8B shapes, by up to 2.7x, a tie
+        # on the ninth; BENCHMARKS.md)
+        base += [(skinny(256, 64, 64, 4, 4), 0), (skinny(256, 128, 64, 8, 3), 0)]
     configs = []
     for c, splits in base:
         configs.append({"SPLIT_K": 1, **c})
