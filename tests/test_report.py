@@ -454,3 +454,30 @@ def test_tuner_run_on_a_gpu_records_its_storage(tmp_path, monkeypatch):
     page = parse(report.render(tmp_path / "run"))
     assert len(page.sections["search"]["images"]) == 1
     assert len(page.rows("verdicts")) == len(result.verdicts)
+
+
+def test_the_fallback_projection_names_attention_calls_as_the_ab_does():
+    """An A/B that recorded no projection takes the run's accepted verdicts; attention verdicts
+    must land on the A/B's attention row (its name has no m, n, k). Real inputs: the H200 A/B of
+    Llama-3.1-8B at batch 32 (session 18) with its projections removed, and that run's attention
+    verdicts, the accepted one's cache length set to the A/B's traced call (146; the verdict's
+    own trace had 162, which names another call)."""
+    logs = ROOT / "benchmarks/logs/2026-12-01/session18"
+    recorded_ab = json.loads((logs / "18b_abc_llama31_8b-b32.json").read_text())
+    bare = dict(recorded_ab, projected_us=None,
+                attribution=[dict(r, projected_saving_us=None) for r in recorded_ab["attribution"]])
+    verdicts = pd.read_parquet(logs / "18b_verdicts_attention_llama31_8b-b32.parquet")
+    accepted = verdicts[verdicts["decision"] == "accept"]
+    assert len(accepted) == 1 and (verdicts["decision"] == "reject").sum() == 1
+    other_call, _ = report.sections._with_projection(bare, verdicts)
+    assert other_call["projected_us"] == pytest.approx(float(accepted["saving_us_per_token"].iloc[0]))
+    assert all(r["projected_saving_us"] is None for r in other_call["attribution"])
+    shape = json.loads(accepted["shape_json"].iloc[0])
+    verdicts.loc[accepted.index, "shape_json"] = json.dumps(dict(shape, kv_len=146))
+    with_projection, why = report.sections._with_projection(bare, verdicts)
+    projected = {r["shape"]: r["projected_saving_us"] for r in with_projection["attribution"]}
+    assert projected["attention b=32 h=32 kv=146 d=128"] == pytest.approx(3713.938, abs=1e-3)
+    assert {k for k, v in projected.items() if v is not None} == {"attention b=32 h=32 kv=146 d=128"}
+    assert with_projection["measured_over_projected"] == pytest.approx(
+        recorded_ab["saving_us"] / 3713.938, rel=1e-6)
+    assert why.startswith("this A/B recorded no projection")

@@ -14,7 +14,8 @@ import pandas as pd
 from .errors import TunerError
 from .tables import read_parquet, write_parquet
 
-__all__ = ["PHASES", "REQUIRED_STRINGS", "empty", "normalize", "read", "validate", "write"]
+__all__ = ["PHASES", "REQUIRED_STRINGS", "attribution_key", "empty", "normalize", "read", "validate",
+           "write"]
 
 COLUMNS: dict[str, str] = {
     "op": "string",
@@ -137,3 +138,14 @@ def write(df: pd.DataFrame, path: str | Path) -> Path:
 
 def read(path: str | Path) -> pd.DataFrame:
     return normalize(read_parquet(path, "shape table"), where=f"shape table {path}")
+
+
+def attribution_key(row: dict) -> str:
+    """The attribution table's name of a harvested row's call: 'm=..,n=..,k=..' for a linear,
+    'attention b=.. h=.. kv=.. d=..' for decode attention. The KV head count is left out: the
+    baseline's call runs on the KV heads transformers repeated for it, the tuned one on the
+    grouped cache itself (tuner.serving), and they are the same call of the step."""
+    if row.get("family") == "attention":
+        return (f"attention b={row.get('batch')} h={row.get('heads')} kv={row.get('kv_len')} "
+                f"d={row.get('head_dim')}")
+    return f"m={row['m']},n={row['n']},k={row['k']}"

@@ -116,7 +116,7 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
 def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows) -> dict:
     """attribution key -> the export's projected saving per step for the baseline step's calls
     (the entry each call resolves to: exact, else nearest m / kv_len, as serving resolves it)."""
-    from .verdict import attribution_key
+    from ..shapetable import attribution_key
 
     served_kv_heads = {attribution_key(r): int(r["kv_heads"]) for r in tuned_rows
                        if r.get("family") == "attention" and r.get("kv_heads") is not None

@@ -27,6 +27,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from ..parity import DEFAULT_MARGIN
+from ..shapetable import attribution_key
 from ..timing import bootstrap_median_interval, median, spread_pct
 
 __all__ = ["ABVerdict", "EXIT_FAIL", "EXIT_PASS", "attribution_rows", "decide", "markdown",
@@ -196,17 +197,6 @@ def _outputs(verdict: ABVerdict, data: dict, margin: float) -> None:
         verdict.reasons.append(
             f"top-1 agreement with the fp32 reference {tf['tuned']['agreement']:.3f} < baseline "
             f"{tf['baseline']['agreement']:.3f} - floor {floor:.3f}")
-
-
-def attribution_key(row: dict) -> str:
-    """The attribution table's name of a harvested row's call: 'm=..,n=..,k=..' for a linear,
-    'attention b=.. h=.. kv=.. d=..' for decode attention. The KV head count is left out: the
-    baseline's call runs on the KV heads transformers repeated for it, the tuned one on the
-    grouped cache itself (tuner.serving), and they are the same call of the step."""
-    if row.get("family") == "attention":
-        return (f"attention b={row.get('batch')} h={row.get('heads')} kv={row.get('kv_len')} "
-                f"d={row.get('head_dim')}")
-    return f"m={row['m']},n={row['n']},k={row['k']}"
 
 
 def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,

@@ -14,6 +14,7 @@ import re
 
 import pandas as pd
 
+from ..shapetable import attribution_key
 from ..units import Threshold, parse_threshold
 from . import charts
 from .html import esc, figure, markdown_table, note, num, pill, section, table
@@ -289,13 +290,13 @@ def verdicts_section(data, charts_ok: bool, charts_why: str) -> tuple[str, str]:
 
 # --------------------------------------------------------------------------------------- A/B
 def _verdict_projection(verdicts) -> dict:
-    """'m=..,n=..,k=..' -> the µs per token the run's accepted verdicts project for the shape."""
+    """The A/B attribution's call name ('m=..,n=..,k=..', 'attention b=.. h=.. kv=.. d=..') ->
+    the µs per token the run's accepted verdicts project for it."""
     out: dict = {}
     if verdicts is None:
         return out
     for r in verdicts[verdicts["decision"] == "accept"].itertuples(index=False):
-        shape = _config(r.shape_json)
-        key = f"m={shape.get('m')},n={shape.get('n')},k={shape.get('k')}"
+        key = attribution_key(dict(_config(r.shape_json), family=r.family))
         out[key] = out.get(key, 0.0) + float(r.saving_us_per_token)
     return out
 
