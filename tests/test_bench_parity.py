@@ -283,3 +283,25 @@ def test_tuner_bench_cli_on_cpu(capsys):
     assert baseline_row.split()[5] == "yes" and "1.00x" in baseline_row  # the serving path itself
     assert "sweep: 2 configs, 0 failed, 0 fail --parity accuracy" in out
     assert "output classes" in out and "bitwise equal to the serving path" in out
+
+
+def test_the_compiled_baseline_computes_the_eager_baselines_bytes():
+    """rank --compiled-baseline times family.baseline under torch.compile (Inductor fuses the
+    KV-cache copies of a regrouped attention call): on the CPU it gives the eager baseline's
+    output bit for bit, with and without the served call's mask."""
+    import torch
+
+    from kernels import attention
+    from tuner import bench
+
+    shape = {"batch": 2, "heads": 8, "kv_heads": 2, "kv_len": 40, "head_dim": 64,
+             "dtype": "bfloat16", "baseline_kv_heads": 8}
+    inputs = attention.make_inputs(shape, "cpu", 0)
+    mask = torch.ones(2, 1, 40, dtype=torch.bool)
+    mask[:, :, -3:] = False
+    compiled = bench.compiled_baseline(attention.FAMILY)
+    assert bench.compiled_baseline(attention.FAMILY) is compiled  # one wrapper a family
+    for x in (inputs, dict(inputs, mask=mask)):
+        assert torch.equal(compiled(x), attention.baseline(x))
+    name, fn = bench._callable_for(attention.FAMILY, shape, bench.COMPILED_BASELINE, "cuda")
+    assert fn is compiled and "torch.compile" in name

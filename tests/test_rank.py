@@ -432,3 +432,37 @@ def test_the_default_config_is_always_a_candidate():
     # already among the best: not twice; never measured feasible: not added
     assert len(rank.best_distinct(trials, 3, cfg(2))) == 3
     assert len(rank.best_distinct(trials[:3], 3, default)) == 3
+
+
+def test_rank_can_time_the_baseline_compiled(tmp_path, monkeypatch):
+    """--compiled-baseline: the baseline is timed under torch.compile (Inductor, here on the CPU),
+    the table says so in `baseline_path`, and export carries it into the entry; the default
+    stays eager."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from kernels.gemv import default_config
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    shape = {"m": 2, "n": 40, "k": 64, "dtype": "bfloat16"}
+    make_study(url, "m=2,n=40,k=64,dtype=bfloat16", 48.0,
+               [(default_config(shape, "cuda"), 500.0, "exact", "ok")])
+    ident = {"device_name": "cpu", "arch": "", "backend": "cuda", "torch": "", "triton": "",
+             "kernel_hash": "", "fp_fusion": True}
+    timing = dict(device="cpu", cache="warm", groups=2, replays=1, min_calls=1)
+    compiled = rank.rank(url, family="gemv", progress=False, identity=lambda family: ident,
+                         measure=rank.make_measure(baseline="compiled-baseline", **timing),
+                         compiled_baseline=True)
+    eager = rank.rank(url, family="gemv", progress=False, identity=lambda family: ident,
+                      measure=rank.make_measure(**timing))
+    assert list(compiled[rank.BASELINE_PATH]) == ["torch.compile"]
+    assert list(eager[rank.BASELINE_PATH]) == ["eager"]
+    for table in (compiled, eager):
+        row = table.iloc[0]
+        assert row["baseline_us"] > 0 and row["parity"].startswith("accuracy ok")
+    from tuner import bench
+    assert "gemv" in bench._COMPILED_BASELINES  # the compiled wrapper timed the baseline
+    from tuner import export
+
+    compiled["decision"] = "accept"  # the interpreter is never faster: export it anyway
+    compiled["rank"] = 1
+    doc = export.family_document(compiled, "gemv", "cpu", check_kernel_hash=False)
+    assert [e["measured"]["baseline_path"] for e in doc["configs"].values()] == ["torch.compile"]

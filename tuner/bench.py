@@ -161,15 +161,35 @@ def make_input_sets(family, shape: dict, cache: str = "cold", device=None,
     return sets
 
 
+COMPILED_BASELINE = "compiled-baseline"
+_COMPILED_BASELINES: dict = {}
+
+
+def compiled_baseline(family):
+    """The family's baseline under torch.compile (Inductor, static shapes): the serving path as a
+    compiling server runs it, where Inductor fuses the ops around the library call (the KV-cache
+    copies of a repeated-KV attention call: BENCHMARKS.md, session 18). One wrapper a family;
+    it compiles on its first call (the timer's warm-up), never inside a graph capture."""
+    fn = _COMPILED_BASELINES.get(family.name)
+    if fn is None:
+        import torch
+
+        fn = _COMPILED_BASELINES[family.name] = torch.compile(family.baseline, dynamic=False)
+    return fn
+
+
 def _callable_for(family, shape: dict, which, backend: str):
-    """(description, fn(inputs)) for 'baseline', 'default' or a config dict."""
+    """(description, fn(inputs)) for 'baseline', 'compiled-baseline', 'default' or a config."""
     if isinstance(which, str):
         if which == "baseline":
             return "baseline", family.baseline
+        if which == COMPILED_BASELINE:
+            return "baseline (torch.compile)", compiled_baseline(family)
         if which == "default":
             config = family.default_config(shape, backend)
             return f"default {config}", lambda inputs: family.launch(inputs, config)
-        raise TunerError(f"unknown reference {which!r}: use 'baseline', 'default' or a config")
+        raise TunerError(f"unknown reference {which!r}: use 'baseline', "
+                         f"'{COMPILED_BASELINE}', 'default' or a config")
     config = dict(which)
     return str(config), lambda inputs: family.launch(inputs, config)
 
@@ -223,8 +243,8 @@ def compare(family, shape: dict, candidate, reference="baseline", *, cache: str 
             input_sets: list[dict] | None = None, **timer_options) -> Paired:
     """Paired, interleaved timing of candidate against reference on the same input sets.
 
-    candidate / reference: a config dict, or 'baseline' / 'default'. A failing reference is a
-    TunerError; a failing candidate raises CandidateFailure."""
+    candidate / reference: a config dict, or 'baseline' / 'compiled-baseline' / 'default'. A
+    failing reference is a TunerError; a failing candidate raises CandidateFailure."""
     dev = _device(device)
     with _on(dev):
         backend = backend_name(dev)

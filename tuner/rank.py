@@ -36,7 +36,7 @@ from .parity import DEFAULT_GATE, DEFAULT_MARGIN, ParityFacts, resolve_gate
 from .tables import read_parquet, write_parquet
 from .units import Threshold, parse_threshold
 
-__all__ = ["DEFAULT_MIN_SPEEDUP", "DEFAULT_TOP", "IDENTITY_COLUMNS", "MEASURED_COLUMNS",
+__all__ = ["BASELINE_PATH", "DEFAULT_MIN_SPEEDUP", "DEFAULT_TOP", "IDENTITY_COLUMNS", "MEASURED_COLUMNS",
            "PARITY_COLUMNS", "VERDICTS_DIR", "VERDICT_COLUMNS", "Candidate", "Measured", "Pair",
            "StudyInfo", "best_distinct", "config_text", "decide", "decide_one", "feasible",
            "fp_fusion_default", "identity_columns", "load_studies", "make_measure", "markdown",
@@ -65,6 +65,10 @@ MEASURED_COLUMNS = [
 IDENTITY_COLUMNS = [
     "device_name", "arch", "backend", "torch", "triton", "kernel_hash", "fp_fusion", "measured_at",
 ]
+
+# How the baseline was timed: 'eager' (the default) or 'torch.compile' (rank
+# --compiled-baseline); tables written before it have no such column and were eager.
+BASELINE_PATH = "baseline_path"
 
 ACCEPT, RUNNER_UP, REJECT = "accept", "runner-up", "reject"
 
@@ -396,10 +400,12 @@ def load_studies(storage: str | None, *, family: str | None = None, device: str 
 
 # ---------------------------------------------------------------------------------- measurement
 def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
-                   cache: str = "cold", **compare_options) -> Measured:
+                   cache: str = "cold", baseline: str = "baseline", **compare_options) -> Measured:
     """The parity facts, then paired timing against the baseline and the default config (GPU).
     A candidate failing `gate` (on the default margin) is not timed; `decide` judges the facts.
 
+    `baseline`: how the baseline is timed, 'baseline' (eager) or 'compiled-baseline' (under
+    torch.compile, as a compiling server runs it; parity still compares with the eager path).
     `device`, `cache` and `compare_options` (groups, replays, ...) go to tuner.bench.compare;
     device='cpu' only under TRITON_INTERPRET=1 (tests: the numbers mean nothing)."""
     from kernels import get_family
@@ -414,12 +420,12 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
         meas.parity = checker.facts(cand.config)
         if not meas.parity.passes(gate):
             return meas
-        for name in ("baseline", "default"):
+        for name in (baseline, "default"):
             r = bench.compare(family, study.shape, cand.config, name, cache=cache, device=device,
                               **compare_options)
             pair = Pair(r.reference_us, r.candidate_us, r.speedup, r.speedup_low,
                         r.speedup_high, r.noise_pct)
-            if name == "baseline":
+            if name == baseline:
                 meas.vs_baseline = pair
             else:
                 meas.vs_default = pair
@@ -432,11 +438,13 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
     return meas
 
 
-def make_measure(*, device=None, cache: str = "cold", **compare_options) -> MeasureFn:
+def make_measure(*, device=None, cache: str = "cold", baseline: str = "baseline",
+                 **compare_options) -> MeasureFn:
     """A `measure` for `rank` with these timing options (see `measure_on_gpu`)."""
 
     def measure(study: StudyInfo, cand: Candidate, gate: str) -> Measured:
-        return measure_on_gpu(study, cand, gate, device=device, cache=cache, **compare_options)
+        return measure_on_gpu(study, cand, gate, device=device, cache=cache, baseline=baseline,
+                              **compare_options)
 
     return measure
 
@@ -473,9 +481,13 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
          top: int = DEFAULT_TOP, parity_mode: str = DEFAULT_GATE, margin: float = DEFAULT_MARGIN,
          min_speedup: float = DEFAULT_MIN_SPEEDUP, threshold: Threshold | str | None = None,
          measure: MeasureFn | None = None, identity: Callable[[str], dict] | None = None,
-         progress: bool = True, names: list[str] | None = None) -> pd.DataFrame:
+         progress: bool = True, names: list[str] | None = None,
+         compiled_baseline: bool = False) -> pd.DataFrame:
     """Load studies, re-measure their best distinct configs, decide. Returns the verdict table.
-    `parity_mode`: the gate (baseline, kernel, accuracy; exact / tolerance are deprecated names)."""
+    `parity_mode`: the gate (baseline, kernel, accuracy; exact / tolerance are deprecated names).
+    `compiled_baseline`: time the baseline under torch.compile (`measure_on_gpu`), for a serving
+    step that is compiled; the table's `baseline_path` column says which ('eager' or
+    'torch.compile'). A custom `measure` must time it so itself (make_measure's `baseline`)."""
     gate = resolve_gate(parity_mode, quiet=True)
     if not (margin >= 1.0):
         raise TunerError(f"--parity-margin must be at least 1, not {margin}")
@@ -483,9 +495,10 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
         raise TunerError(f"--min-speedup must be positive, not {min_speedup}")
     threshold = parse_threshold(threshold)
     studies = load_studies(storage, family=family, device=device, top=top, names=names)
+    path = "torch.compile" if compiled_baseline else "eager"
     if measure is None:
         _require_gpu()
-        measure = measure_on_gpu
+        measure = make_measure(baseline="compiled-baseline") if compiled_baseline else measure_on_gpu
     identity = identity or identity_columns
     measured = []
     for i, study in enumerate(studies, 1):
@@ -507,6 +520,7 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
             table[col] = now
         else:
             table[col] = [idents[f].get(col, "") for f in table["family"]]
+    table[BASELINE_PATH] = path
     return table
 
 

@@ -98,6 +98,10 @@ def _add_rank(sub) -> None:
                    help="the lower confidence bound of the paired speedup must reach this "
                    "(default 1.01)")
     min_saving_flag(p, "least measured saving per token to accept")
+    p.add_argument("--compiled-baseline", action="store_true",
+                   help="time the baseline under torch.compile, as a compiling server (vLLM, "
+                   "SGLang, transformers with torch.compile) runs the path it replaces; "
+                   "default: eager. Parity still compares with the eager path")
     p.add_argument("-o", "--output", metavar="DIR", default="artifacts/verdicts",
                    help="where to write <name>.parquet and <name>.md (default artifacts/verdicts)")
     p.add_argument("--name", help="file name stem (default <device>-<family or all>)")
@@ -129,11 +133,13 @@ def cmd_rank(args) -> int:
     table = rank.rank(args.storage, family=args.family, device=device, top=args.top,
                       parity_mode=resolve_gate(args.parity), margin=args.parity_margin,
                       min_speedup=args.min_speedup,
-                      threshold=args.min_saving)
+                      threshold=args.min_saving, compiled_baseline=args.compiled_baseline)
     name = args.name or f"{device or 'all'}-{args.family or 'all'}"
     parquet, md = rank.write(table, args.output, name)
     for line in rank.summary_lines(table):
         print(line)
+    if args.compiled_baseline:
+        print("baseline timed under torch.compile (--compiled-baseline)")
     print(f"verdicts: {parquet} and {md}")
     return 0
 
