@@ -174,10 +174,12 @@ def test_whole_pipeline_with_swapped_gpu_timing(tmp_path, monkeypatch):
     result = run.run(TRACE, graph_captured=True, timeout="2m", trials=6,
                         storage=str(tmp_path / "studies.db"), out_dir=tmp_path / "run",
                         export_root=tmp_path / "export", gpu=True, out=lines.append,
-                        objective=cheap_objective, measure=replayed_measure)
+                        objective=cheap_objective, measure=replayed_measure,
+                        compiled_baseline=True)  # (tuner run --compiled-baseline: a label here)
     text = "\n".join(lines)
     assert result.searched
     verdicts = result.verdicts
+    assert set(verdicts[rank.BASELINE_PATH]) == {"torch.compile"}
     accepted = verdicts[verdicts["decision"] == "accept"]
     assert sorted(accepted["shape"]) == sorted(result.plan["shape_key"])
     assert (accepted["rank"] >= 1).all()
@@ -189,6 +191,7 @@ def test_whole_pipeline_with_swapped_gpu_timing(tmp_path, monkeypatch):
     assert sorted(doc["configs"]) == sorted(accepted["shape"])
     for entry in doc["configs"].values():
         assert entry["config"]["SPLIT_K"] == 1  # mismatching configs never win
+        assert entry["measured"]["baseline_path"] == "torch.compile"
 
     # the serving side: the loader hits every exported entry
     monkeypatch.setenv("TUNER_EXPORT_DIR", str(tmp_path / "export" / "nvidia-h200"))

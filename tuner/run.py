@@ -215,9 +215,11 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
                parity_margin: float = 1.25,
                graph_captured: bool = False, gpu: bool | None = None, out=print,
                trials: int | None = None, objective=None, measure=None,
-               kv_heads: int | None = None) -> RunResult:
+               kv_heads: int | None = None, compiled_baseline: bool = False) -> RunResult:
     """The main job. `gpu=None` detects; False forces the CPU path (harvest, budget, plan);
-    `kv_heads`: the model's KV heads for harvest (`tuner harvest --kv-heads`).
+    `kv_heads`: the model's KV heads for harvest (`tuner harvest --kv-heads`);
+    `compiled_baseline`: rank times the baseline under torch.compile (`tuner rank
+    --compiled-baseline`).
 
     `objective` (a tuner.search objective factory) and `measure` (a tuner.rank measure function)
     replace the GPU timing, for tests of the whole pipeline on a CPU."""
@@ -289,7 +291,8 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
     verdicts = rank_mod.rank(url, family=family, device=ident.get("key"), top=top,
                              parity_mode=parity, margin=parity_margin, min_speedup=min_speedup,
                              threshold=min_saving, measure=measure,
-                             names=[p.study_name for p in plans])
+                             names=[p.study_name for p in plans],
+                             compiled_baseline=compiled_baseline)
     result.verdicts = verdicts
     result.verdicts_path, md = rank_mod.write(verdicts, out_dir, "verdicts")
     for line in rank_mod.summary_lines(verdicts):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_STORAGE_TEXT", "device_flag", "family_flag", "kv_heads_flag",
-           "min_saving_flag", "parity_flags", "storage_flag", "timeout_flag"]
+__all__ = ["DEFAULT_STORAGE_TEXT", "compiled_baseline_flag", "device_flag", "family_flag",
+           "kv_heads_flag", "min_saving_flag", "parity_flags", "storage_flag", "timeout_flag"]
 
 
 DEFAULT_STORAGE_TEXT = "sqlite:///artifacts/studies.db"
@@ -33,6 +33,13 @@ def kv_heads_flag(p) -> None:
                    "trace records on a repeated KV cache (kv_heads = heads: transformers' "
                    "repeat_kv before SDPA, compiled or before ~5.2) are read as the grouped call "
                    "tuner.serving runs on the cache itself, so a search can tune head stacking")
+
+
+def compiled_baseline_flag(p) -> None:
+    p.add_argument("--compiled-baseline", action="store_true",
+                   help="rank times the baseline under torch.compile, as a compiling server "
+                   "(vLLM, SGLang, transformers with torch.compile) runs the path it replaces; "
+                   "default: eager. Parity still compares with the eager path's output")
 
 
 def min_saving_flag(p, what: str) -> None:

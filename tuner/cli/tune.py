@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ..errors import TunerError
 from ..units import parse_duration, parse_threshold
-from .flags import (device_flag, family_flag, kv_heads_flag, min_saving_flag, parity_flags,
-                    storage_flag, timeout_flag)
+from .flags import (compiled_baseline_flag, device_flag, family_flag, kv_heads_flag,
+                    min_saving_flag, parity_flags, storage_flag, timeout_flag)
 
 __all__ = ["_add_search", "cmd_search", "_add_rank", "cmd_rank", "_add_export", "cmd_export",
            "_add_run", "cmd_run"]
@@ -98,10 +98,7 @@ def _add_rank(sub) -> None:
                    help="the lower confidence bound of the paired speedup must reach this "
                    "(default 1.01)")
     min_saving_flag(p, "least measured saving per token to accept")
-    p.add_argument("--compiled-baseline", action="store_true",
-                   help="time the baseline under torch.compile, as a compiling server (vLLM, "
-                   "SGLang, transformers with torch.compile) runs the path it replaces; "
-                   "default: eager. Parity still compares with the eager path")
+    compiled_baseline_flag(p)
     p.add_argument("-o", "--output", metavar="DIR", default="artifacts/verdicts",
                    help="where to write <name>.parquet and <name>.md (default artifacts/verdicts)")
     p.add_argument("--name", help="file name stem (default <device>-<family or all>)")
@@ -208,6 +205,7 @@ def _add_run(sub) -> None:
     p.add_argument("--ab-batch", type=int, default=1, metavar="B",
                    help="the batch size of the A/B (default 1; the trace's batch is the one to use)")
     kv_heads_flag(p)
+    compiled_baseline_flag(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -221,5 +219,5 @@ def cmd_run(args) -> int:
                      parity_margin=args.parity_margin,
                      min_speedup=args.min_speedup, graph_captured=args.graph_captured,
                      trials=args.trials, ab=args.ab, ab_batch=args.ab_batch,
-                     kv_heads=args.kv_heads)
+                     kv_heads=args.kv_heads, compiled_baseline=args.compiled_baseline)
     return result.ab_exit or 0
