@@ -130,8 +130,8 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
     if m >= 128:
         # 256 weight rows a program (wgmma's M side on two warpgroups): the activation tile is
         # read from L2 once per 256 weight rows, not per 64 / 128. The H200 sweep of session 18
-        # (BENCHMARKS.md) kept it for the widest shapes (9 of 32 cases at m = 128 / 256, by
-        # 0.1-7.9%, all but one unsplit); at m = 64 and on n <= 8192 it lost everywhere
+        # (BENCHMARKS.md) kept it for the widest shapes (8 of 32 cases at m = 128 / 256, by
+        # 0.1-7.9%, all but one unsplit); at m = 64 it won one case by 0.1%
         base += [(skinny(sm, 256, 64, 8, 4), 1)]
     if m >= 256:
         # (the tiled kernel's 256 x 128 tile, each weight tile read by one program, was measured
