@@ -73,8 +73,8 @@ def _gemv(shape: dict, sms: int) -> list[dict]:
     # USE_DOT 1 (mma.sync, cp.async stages): the m >= 2 default and a searched winner
     base += [(dot(32, 128, 4, 4, 1), True), (dot(64, 128, 4, 4, 1), False)]
     # USE_DOT 2 (swap-AB wgmma, W by TMA): 64 / 128 weight rows a program, 4-6 stages in flight
-    # (the 6-stage one split as well was measured slower on every m = 4-8 case it ran on (20), by 6-50%:
-    # session 18, BENCHMARKS.md)
+    # (the 6-stage one split as well was measured slower on all 20 m = 4-8 cases it ran on,
+    # by 6-50%: session 18, BENCHMARKS.md)
     base += [(dot(64, 128, 4, 4, 2), True), (dot(64, 128, 4, 6, 2), False),
              (dot(128, 128, 4, 4, 2), True), (dot(128, 128, 8, 4, 2), False),
              (dot(64, 256, 4, 4, 2), False)]

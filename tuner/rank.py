@@ -36,9 +36,9 @@ from .parity import DEFAULT_GATE, DEFAULT_MARGIN, ParityFacts, resolve_gate
 from .tables import read_parquet, write_parquet
 from .units import Threshold, parse_threshold
 
-__all__ = ["BASELINE_PATH", "DEFAULT_MIN_SPEEDUP", "DEFAULT_TOP", "IDENTITY_COLUMNS", "MEASURED_COLUMNS",
-           "PARITY_COLUMNS", "VERDICTS_DIR", "VERDICT_COLUMNS", "Candidate", "Measured", "Pair",
-           "StudyInfo", "best_distinct", "config_text", "decide", "decide_one", "feasible",
+__all__ = ["BASELINE_PATH", "DEFAULT_MIN_SPEEDUP", "DEFAULT_TOP", "IDENTITY_COLUMNS",
+           "MEASURED_COLUMNS", "PARITY_COLUMNS", "VERDICTS_DIR", "VERDICT_COLUMNS", "Candidate",
+           "Measured", "Pair", "StudyInfo", "best_distinct", "config_text", "decide", "decide_one", "feasible",
            "fp_fusion_default", "identity_columns", "load_studies", "make_measure", "markdown",
            "measure_on_gpu", "order", "parity_text", "rank", "read", "storage_url",
            "summary_lines", "trials_note", "write"]
@@ -498,7 +498,8 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
     path = "torch.compile" if compiled_baseline else "eager"
     if measure is None:
         _require_gpu()
-        measure = make_measure(baseline="compiled-baseline") if compiled_baseline else measure_on_gpu
+        measure = (make_measure(baseline="compiled-baseline") if compiled_baseline
+                   else measure_on_gpu)
     identity = identity or identity_columns
     measured = []
     for i, study in enumerate(studies, 1):

@@ -14,8 +14,8 @@ import pandas as pd
 from .errors import TunerError
 from .tables import read_parquet, write_parquet
 
-__all__ = ["PHASES", "REQUIRED_STRINGS", "attribution_key", "empty", "normalize", "read", "validate",
-           "write"]
+__all__ = ["PHASES", "REQUIRED_STRINGS", "attribution_key", "empty", "normalize", "read",
+           "validate", "write"]
 
 COLUMNS: dict[str, str] = {
     "op": "string",

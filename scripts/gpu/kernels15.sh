@@ -134,7 +134,8 @@ if os.environ.get("KERNELS15_M"):
     try:
         M_ORDER = tuple(int(v) for v in os.environ["KERNELS15_M"].split(","))
     except ValueError:
-        raise SystemExit(f"KERNELS15_M must be comma-separated batch sizes, not {os.environ['KERNELS15_M']!r}")
+        raise SystemExit("KERNELS15_M must be comma-separated batch sizes, not "
+                         f"{os.environ['KERNELS15_M']!r}")
 if SMOKE:
     NK, M_ORDER = [(72, 96, "tiny"), (40, 104, "tiny2")], (1, 3, 17)
     MODELS = {"tiny": (2, [("a", 72, 96, 1)], [("a", 72, 96, 1), ("b", 40, 104, 1)])}
