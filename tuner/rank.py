@@ -38,8 +38,8 @@ from .units import Threshold, parse_threshold
 
 __all__ = ["BASELINE_PATH", "DEFAULT_MIN_SPEEDUP", "DEFAULT_TOP", "IDENTITY_COLUMNS",
            "MEASURED_COLUMNS", "PARITY_COLUMNS", "VERDICTS_DIR", "VERDICT_COLUMNS", "Candidate",
-           "Measured", "Pair", "StudyInfo", "best_distinct", "config_text", "decide", "decide_one", "feasible",
-           "fp_fusion_default", "identity_columns", "load_studies", "make_measure", "markdown",
+           "Measured", "Pair", "StudyInfo", "best_distinct", "config_text", "decide", "decide_one",
+           "feasible", "fp_fusion_default", "identity_columns", "load_studies", "make_measure", "markdown",
            "measure_on_gpu", "order", "parity_text", "rank", "read", "storage_url",
            "summary_lines", "trials_note", "write"]
 
