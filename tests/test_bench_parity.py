@@ -305,3 +305,19 @@ def test_the_compiled_baseline_computes_the_eager_baselines_bytes():
         assert torch.equal(compiled(x), attention.baseline(x))
     name, fn = bench._callable_for(attention.FAMILY, shape, bench.COMPILED_BASELINE, "cuda")
     assert fn is compiled and "torch.compile" in name
+
+
+def test_the_compiled_baseline_stays_compiled_past_dynamos_shape_limit():
+    """Dynamo compiles a function for at most 8 shapes and runs it eagerly after that (with a
+    log line only): a rank of a model's shapes at several batch sizes passes that. The compiled
+    baseline compiles every shape (tiny decode linears on the CPU)."""
+    from torch._dynamo.utils import counters
+
+    family = get_family("gemv")
+    compiled = bench.compiled_baseline(family)
+    before = counters["stats"]["unique_graphs"]
+    for i in range(12):
+        inputs = family.make_inputs({"m": 1, "n": 8 + 8 * i, "k": 24, "dtype": "bfloat16"},
+                                    "cpu", 0)
+        assert torch.equal(compiled(inputs), family.baseline(inputs))
+    assert counters["stats"]["unique_graphs"] - before == 12

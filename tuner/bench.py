@@ -169,11 +169,19 @@ def compiled_baseline(family):
     """The family's baseline under torch.compile (Inductor, static shapes): the serving path as a
     compiling server runs it, where Inductor fuses the ops around the library call (the KV-cache
     copies of a repeated-KV attention call: BENCHMARKS.md, session 18). One wrapper a family;
-    it compiles on its first call (the timer's warm-up), never inside a graph capture."""
+    it compiles on its first call for each shape (the timer's warm-up), never inside a graph
+    capture. Dynamo compiles one function for at most `recompile_limit` shapes (8) and runs it
+    eagerly beyond: a rank over more shapes would time eager baselines unsaid, so this process
+    raises the limit (a tuner process; serving never calls this)."""
     fn = _COMPILED_BASELINES.get(family.name)
     if fn is None:
         import torch
+        import torch._dynamo.config as dynamo_config
 
+        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                     "accumulated_cache_size_limit"):
+            if isinstance(getattr(dynamo_config, name, None), int):
+                setattr(dynamo_config, name, max(getattr(dynamo_config, name), 4096))
         fn = _COMPILED_BASELINES[family.name] = torch.compile(family.baseline, dynamic=False)
     return fn
 
