@@ -344,3 +344,41 @@ def test_a_torch_compiled_step_harvests_as_its_linears_and_attention():
     assert len(attention) == 1 and int(attention.iloc[0]["calls_per_step"]) == 36
     assert not any(str(op).startswith("triton_") for op in table["op"])
     assert (linears["us_per_call"] > 0).all()
+
+
+def test_a_torch_compiled_steps_rows_say_so_and_an_eager_steps_do_not(tmp_path):
+    """Inductor's kernels in a trace (1815 in this compiled Qwen3-8B step) mark its rows
+    traced_compiled = 1, with a note; the planner then measures them with baseline_compiled, so
+    rank times the baseline as that step runs it. An eager step's table has no such column."""
+    from kernels import get_family
+    from tuner import shapetable
+    from tuner.spaces import check_shape, served_shape, with_row_measure_keys
+
+    capture = FIXTURES / "h200_qwen3_8b_compiled_b1_capture.pt.trace.json.gz"
+    replay = FIXTURES / "h200_qwen3_8b_compiled_b1_replay.pt.trace.json.gz"
+    result = harvest.harvest([replay], capture=[capture], quiet=True)
+    table = result.table
+    assert (table["traced_compiled"] == 1).all()
+    assert result.traces[0].compiled_kernels == 1815
+    assert any("torch.compile'd step (1815 Inductor kernels)" in n for n in result.traces[0].notes)
+    gemm = get_family("gemm")
+    row = table[(table["family"] == "gemm") & (table["n"] == 12288)].iloc[0]
+    shape = with_row_measure_keys(gemm.shape_from_row(row), row)
+    assert shape is None  # m = 1 is gemv's
+    gemv = get_family("gemv")
+    shape = with_row_measure_keys(gemv.shape_from_row(row), row)
+    assert shape["baseline_compiled"] == 1 and check_shape("gemv", shape) == ""
+    assert "baseline_compiled" not in served_shape("gemv", shape)
+    assert gemv.shape_key(shape) == gemv.shape_key(served_shape("gemv", shape))
+    assert "not 1" in check_shape("gemv", dict(shape, baseline_compiled=2))
+
+    eager = harvest.harvest([FIXTURES / "h200_decoder_full_replay.pt.trace.json.gz"],
+                            capture=[FIXTURES / "h200_decoder_full_capture.pt.trace.json.gz"],
+                            quiet=True)
+    assert "traced_compiled" not in eager.table.columns
+    for _, row in eager.table.iterrows():
+        shape = with_row_measure_keys(gemv.shape_from_row(row), row)
+        assert shape is None or "baseline_compiled" not in shape
+    # the column survives a ShapeTable write and read
+    back = shapetable.read(shapetable.write(table, tmp_path / "shapes.parquet"))
+    assert (back["traced_compiled"] == 1).all()

@@ -466,3 +466,35 @@ def test_rank_can_time_the_baseline_compiled(tmp_path, monkeypatch):
     compiled["rank"] = 1
     doc = export.family_document(compiled, "gemv", "cpu", check_kernel_hash=False)
     assert [e["measured"]["baseline_path"] for e in doc["configs"].values()] == ["torch.compile"]
+
+
+def test_a_study_of_a_compiled_step_is_timed_against_the_compiled_baseline(tmp_path,
+                                                                           monkeypatch):
+    """A study whose shape says baseline_compiled (its rows came from a torch.compile'd step's
+    trace: harvest's traced_compiled) gets its baseline timed under torch.compile without any
+    flag, and its rows say so."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from kernels.gemv import default_config
+    from tuner import bench
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    shape = {"m": 2, "n": 40, "k": 64, "dtype": "bfloat16"}
+    study = make_study(url, "m=2,n=40,k=64,dtype=bfloat16", 48.0,
+                       [(default_config(shape, "cuda"), 500.0, "exact", "ok")])
+    study.set_user_attr("shape", dict(shape, baseline_compiled=1))
+    references = []
+    compare = bench.compare
+
+    def spy(family, shape, candidate, reference="baseline", **options):
+        references.append(reference)
+        return compare(family, shape, candidate, reference, **options)
+
+    monkeypatch.setattr(bench, "compare", spy)
+    ident = {"device_name": "cpu", "arch": "", "backend": "cuda", "torch": "", "triton": "",
+             "kernel_hash": "", "fp_fusion": True}
+    table = rank.rank(url, family="gemv", progress=False, identity=lambda family: ident,
+                      measure=rank.make_measure(device="cpu", cache="warm", groups=2, replays=1,
+                                                min_calls=1))
+    assert references == ["compiled-baseline", "default"]
+    assert list(table[rank.BASELINE_PATH]) == ["torch.compile"]
+    assert table.iloc[0]["baseline_us"] > 0

@@ -136,3 +136,20 @@ def test_one_call_measured_two_ways_is_one_study_and_says_so(capsys):
     planned, _ = search.plan_shapes(budget.compute(attention, H200, threshold=_us_threshold()),
                                     "attention")
     assert "measured" not in capsys.readouterr().err
+
+
+def test_a_compiled_steps_shapes_are_planned_with_the_compiled_baseline():
+    """The compiled Qwen3-8B batch-1 step's trace (H200): every planned gemv study's shape says
+    baseline_compiled, so rank times its baseline as that compiled step runs it; the study's
+    shape key is the served call's."""
+    from tuner import harvest
+
+    fixtures = ROOT / "tests" / "fixtures" / "traces"
+    table = harvest.harvest(
+        [fixtures / "h200_qwen3_8b_compiled_b1_replay.pt.trace.json.gz"],
+        capture=[fixtures / "h200_qwen3_8b_compiled_b1_capture.pt.trace.json.gz"],
+        quiet=True).table
+    planned, _ = search.plan_shapes(search.judge(table, "gemv", H200, graph_captured=True), "gemv")
+    assert len(planned) >= 4
+    assert all(s.get("baseline_compiled") == 1 for s in planned["shape"])
+    assert all("baseline_compiled" not in key for key in planned["shape_key"])

@@ -405,7 +405,9 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
     A candidate failing `gate` (on the default margin) is not timed; `decide` judges the facts.
 
     `baseline`: how the baseline is timed, 'baseline' (eager) or 'compiled-baseline' (under
-    torch.compile, as a compiling server runs it; parity still compares with the eager path).
+    torch.compile, as a compiling server runs it; parity still compares with the eager path);
+    a study whose shape says baseline_compiled (harvested from a torch.compile'd step) is timed
+    compiled either way.
     `device`, `cache` and `compare_options` (groups, replays, ...) go to tuner.bench.compare;
     device='cpu' only under TRITON_INTERPRET=1 (tests: the numbers mean nothing)."""
     from kernels import get_family
@@ -420,6 +422,8 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
         meas.parity = checker.facts(cand.config)
         if not meas.parity.passes(gate):
             return meas
+        if study.shape.get("baseline_compiled"):
+            baseline = bench.COMPILED_BASELINE
         for name in (baseline, "default"):
             r = bench.compare(family, study.shape, cand.config, name, cache=cache, device=device,
                               **compare_options)
@@ -486,7 +490,8 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
     """Load studies, re-measure their best distinct configs, decide. Returns the verdict table.
     `parity_mode`: the gate (baseline, kernel, accuracy; exact / tolerance are deprecated names).
     `compiled_baseline`: time the baseline under torch.compile (`measure_on_gpu`), for a serving
-    step that is compiled; the table's `baseline_path` column says which ('eager' or
+    step that is compiled (studies of a compiled step's trace are timed so anyway: their shape
+    says baseline_compiled); the table's `baseline_path` column says which ('eager' or
     'torch.compile'). A custom `measure` must time it so itself (make_measure's `baseline`)."""
     gate = resolve_gate(parity_mode, quiet=True)
     if not (margin >= 1.0):
@@ -495,7 +500,6 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
         raise TunerError(f"--min-speedup must be positive, not {min_speedup}")
     threshold = parse_threshold(threshold)
     studies = load_studies(storage, family=family, device=device, top=top, names=names)
-    path = "torch.compile" if compiled_baseline else "eager"
     if measure is None:
         _require_gpu()
         measure = (make_measure(baseline="compiled-baseline") if compiled_baseline
@@ -521,7 +525,9 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
             table[col] = now
         else:
             table[col] = [idents[f].get(col, "") for f in table["family"]]
-    table[BASELINE_PATH] = path
+    table[BASELINE_PATH] = ["torch.compile" if compiled_baseline
+                            or json.loads(s).get("baseline_compiled") else "eager"
+                            for s in table["shape_json"]]
     return table
 
 

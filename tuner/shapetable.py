@@ -2,7 +2,7 @@
 
 Every stage that reads or writes shape tables goes through `read` / `write` here, so the columns
 stay exactly those DESIGN.md lists. Extra attention columns (heads, kv_heads, q_len, kv_len,
-head_dim, traced_kv_heads) are allowed after the contract columns.
+head_dim, traced_kv_heads) and `traced_compiled` are allowed after the contract columns.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pandas as pd
 from .errors import TunerError
 from .tables import read_parquet, write_parquet
 
-__all__ = ["PHASES", "REQUIRED_STRINGS", "attribution_key", "empty", "normalize", "read",
+__all__ = ["OPTIONAL_COLUMNS", "PHASES", "REQUIRED_STRINGS", "attribution_key", "empty", "normalize", "read",
            "validate", "write"]
 
 COLUMNS: dict[str, str] = {
@@ -50,6 +50,11 @@ ATTENTION_COLUMNS: dict[str, str] = {
     # regrouped from a repeated KV cache; the baseline then repeats the cache as the trace did
     "traced_kv_heads": "Int64",
 }
+
+# Optional columns of any row: traced_compiled = 1 when the call's trace is of a torch.compile'd
+# step (Inductor's kernels in it): rank then times the baseline compiled, as that step runs it;
+# written only when some trace was
+OPTIONAL_COLUMNS: dict[str, str] = {"traced_compiled": "Int64"}
 
 PHASES = ("prefill", "decode", "other")
 
@@ -97,7 +102,8 @@ def validate(df: pd.DataFrame, where: str = "shape table") -> None:
     """TunerError (one line, naming the column and the row) for a cell the ShapeTable contract
     cannot hold: text or NaN in an integer column, text or an infinity in a float column, a
     negative size or count, an empty op/family/phase/dtype, an unknown phase."""
-    columns = dict(COLUMNS, **{c: t for c, t in ATTENTION_COLUMNS.items() if c in df.columns})
+    columns = dict(COLUMNS, **{c: t for c, t in {**ATTENTION_COLUMNS, **OPTIONAL_COLUMNS}.items()
+                               if c in df.columns})
     for column, dtype in columns.items():
         if column not in df.columns:
             continue
@@ -126,7 +132,7 @@ def normalize(df: pd.DataFrame, where: str = "shape table") -> pd.DataFrame:
     out = df[list(COLUMNS) + extra].copy()
     for c, t in COLUMNS.items():
         out[c] = out[c].astype(t)
-    for c, t in ATTENTION_COLUMNS.items():
+    for c, t in {**ATTENTION_COLUMNS, **OPTIONAL_COLUMNS}.items():
         if c in out.columns:
             out[c] = out[c].astype(t)
     return out.reset_index(drop=True)

@@ -41,8 +41,9 @@ import yaml
 
 from .errors import TunerError
 
-__all__ = ["BACKENDS", "SHAPE_DTYPES", "SHAPE_LAYOUTS", "SPACES_PACKAGE", "SearchSpace",
-           "check_shape", "family_names", "load_raw", "served_shape", "space_for"]
+__all__ = ["BACKENDS", "COMMON_MEASURE_KEYS", "MEASURE_KEYS", "SHAPE_DTYPES", "SHAPE_LAYOUTS",
+           "SPACES_PACKAGE", "SearchSpace", "check_shape", "family_names", "load_raw",
+           "measure_keys", "served_shape", "space_for", "with_row_measure_keys"]
 
 SPACES_PACKAGE = "search_spaces"  # the top-level search_spaces/ directory, a package of YAML data
 BACKENDS = ("cuda", "hip", "dcu")
@@ -216,12 +217,34 @@ SHAPE_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 # attention's baseline_kv_heads: a call harvest regrouped from a repeated KV cache, whose
 # baseline repeats the cache as the trace did (kernels.attention.shape_from_row).
 MEASURE_KEYS: dict[str, tuple[str, ...]] = {"attention": ("baseline_kv_heads",)}
+# And of every family: baseline_compiled = 1, the call's trace is of a torch.compile'd step (the
+# ShapeTable's traced_compiled), so rank times its baseline under torch.compile, as that step
+# runs it (tuner.bench.compiled_baseline).
+COMMON_MEASURE_KEYS: tuple[str, ...] = ("baseline_compiled",)
+
+
+def measure_keys(family: str) -> tuple[str, ...]:
+    """The measurement keys a shape dict of `family` may hold."""
+    return MEASURE_KEYS.get(family, ()) + COMMON_MEASURE_KEYS
+
+
+def with_row_measure_keys(shape: dict | None, row) -> dict | None:
+    """`shape` (a family's shape_from_row of the ShapeTable `row`) with the measurement keys the
+    table's family-independent columns give: baseline_compiled when the row's trace was a
+    torch.compile'd step. None stays None."""
+    if shape is None:
+        return None
+    try:
+        compiled = int(row.get("traced_compiled")) == 1
+    except (TypeError, ValueError):  # absent, empty (pd.NA) or not a number
+        compiled = False
+    return {**shape, "baseline_compiled": 1} if compiled else shape
 
 
 def served_shape(family: str, shape: dict) -> dict:
-    """The shape dict of the call serving looks up: `shape` without the family's MEASURE_KEYS
-    (what an export stores and the runtime loader indexes)."""
-    drop = MEASURE_KEYS.get(family, ())
+    """The shape dict of the call serving looks up: `shape` without the family's measurement
+    keys (what an export stores and the runtime loader indexes)."""
+    drop = measure_keys(family)
     return {k: v for k, v in shape.items() if k not in drop}
 
 
@@ -237,8 +260,7 @@ def check_shape(family: str, shape) -> str:
     if not isinstance(shape, dict):
         return f"shape is not a mapping: {shape!r}"[:200]
     required, optional = SHAPE_KEYS[family]
-    unknown = sorted(str(k) for k in shape
-                     if k not in required + optional + MEASURE_KEYS.get(family, ()))
+    unknown = sorted(str(k) for k in shape if k not in required + optional + measure_keys(family))
     if unknown:
         return f"unknown shape key(s) {', '.join(unknown)} for {family}"
     missing = [k for k in required if k not in shape]
@@ -254,6 +276,9 @@ def check_shape(family: str, shape) -> str:
         elif key == "bias":
             if isinstance(value, bool) or value not in (0, 1) or not isinstance(value, int):
                 return f"bias={value!r} is not 0 or 1"
+        elif key == "baseline_compiled":
+            if isinstance(value, bool) or value != 1 or not isinstance(value, int):
+                return f"baseline_compiled={value!r} is not 1 (leave it out for an eager baseline)"
         elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
             return f"{key}={value!r} is not a positive integer"
     if family == "attention" and shape["heads"] % shape["kv_heads"]:

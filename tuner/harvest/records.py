@@ -42,6 +42,7 @@ class Call:
     kv_len: int | None = None
     head_dim: int | None = None
     traced_kv_heads: int | None = None   # harvest --kv-heads: the repeated cache's KV heads
+    traced_compiled: int | None = None   # 1: the trace is of a torch.compile'd step
     tokens: int | None = None     # varlen attention: query tokens of all requests (q's dim 0)
     gpu_us: float = 0.0
     n_kernels: int = 0
@@ -114,6 +115,7 @@ class TraceData:
     graph: object = None         # graphs.GraphJoin when the trace was joined with captures
     gpu_joined_us: float = 0.0   # GPU time of the replayed kernels joined to captured launches
     device_known: bool = True    # False: the trace names no GPU (device is "unknown")
+    compiled_kernels: int = 0    # Inductor-generated kernels in it: a torch.compile'd step
 
 
 def union_length(intervals: list) -> float:

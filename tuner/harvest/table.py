@@ -17,7 +17,8 @@ __all__ = ["KEY_FIELDS", "MAX_KV_ROWS", "kv_buckets", "aggregate"]
 
 # what makes two calls the same row (with the phase of their step)
 KEY_FIELDS = ("op", "family", "m", "n", "k", "batch", "dtype", "layout",
-              "heads", "kv_heads", "q_len", "kv_len", "head_dim", "traced_kv_heads")
+              "heads", "kv_heads", "q_len", "kv_len", "head_dim", "traced_kv_heads",
+              "traced_compiled")
 # decode attention: a serving trace has another KV length at every step; above this many, the
 # calls of one signature are bucketed into this many rows by KV length
 MAX_KV_ROWS = 8
@@ -98,6 +99,8 @@ def aggregate(traces: list[TraceData], phase: str | None = None) -> pd.DataFrame
     df = pd.DataFrame(rows)
     if df["traced_kv_heads"].isna().all():   # only harvest --kv-heads regroups calls
         df = df.drop(columns="traced_kv_heads")
+    if df["traced_compiled"].isna().all():   # only a torch.compile'd step's trace sets it
+        df = df.drop(columns="traced_compiled")
     df = df.sort_values(["share", "calls_per_step", "us_per_call"], ascending=False,
                         na_position="last", kind="stable")
     return shapetable.normalize(df)
@@ -118,11 +121,13 @@ def _row(fields: dict, ph: str, cs: list, st: list[Step], has_gpu: bool, source:
         for kn, cnt in c.kernels.items():
             kernels[kn] = kernels.get(kn, 0) + cnt
     return dict(
-        **{k: v for k, v in fields.items() if k not in shapetable.ATTENTION_COLUMNS},
+        **{k: v for k, v in fields.items()
+           if k not in shapetable.ATTENTION_COLUMNS and k not in shapetable.OPTIONAL_COLUMNS},
         phase=ph, calls=len(cs), steps=n_steps, calls_per_step=cps, us_per_call=us,
         step_us=step_us, step_gpu_us=step_gpu,
         share=(us * cps / step_us) if step_us and step_us > 0 else math.nan,
         kernels="; ".join(sorted(kernels, key=lambda n: -kernels[n])),
         source=source, device=device,
         **{k: fields[k] for k in shapetable.ATTENTION_COLUMNS},
+        **{k: fields[k] for k in shapetable.OPTIONAL_COLUMNS},
     )

@@ -47,6 +47,13 @@ def read_trace(path, steps: int | None = None, *, graphs: list | None = None,
         return _read_trace(Path(path), steps, graphs or [], device_name)
 
 
+def compiled_kernels(raw: RawTrace) -> int:
+    """How many of the trace's GPU kernels torch.compile (Inductor) generated (its triton_poi_ /
+    triton_red_ / ... names, config.INDUCTOR_KERNEL_RE): a torch.compile'd step has hundreds."""
+    names = [a[4] for a in raw.activities] + list(raw.launch_kernels.values())
+    return sum(1 for name in names if config.INDUCTOR_KERNEL_RE.match(str(name)))
+
+
 def _check_raw(path: Path, raw: RawTrace, notes: list, joining: bool) -> None:
     """The errors a trace with nothing to harvest gets, and the notes on what was skipped.
     A replay joined with captures may hold no shaped op itself (the capture has the shapes)."""
@@ -153,6 +160,13 @@ def _read_trace(path: Path, steps: int | None, graphs: list, device_name: str | 
                      "KV cache): q_len 1 and batch = query tokens; kv_len from the step marker "
                      "where the dims do not give it")
 
+    compiled = compiled_kernels(raw)
+    if compiled:
+        for c in calls:
+            c.traced_compiled = 1
+        notes.append(f"a torch.compile'd step ({compiled} Inductor kernels): its rows say so "
+                     "(traced_compiled), and rank times their baseline compiled")
+
     rank = trace_rank(path) if config.RANK_RE.search(path.name) else (
         (header.get("distributedInfo") or {}).get("rank"))
     device, known = _device_name(header, raw, device_name)
@@ -163,7 +177,8 @@ def _read_trace(path: Path, steps: int | None, graphs: list, device_name: str | 
                      gpu_other_ops_us=split.other_ops_us,
                      gpu_unattributed_us=split.unattributed_us,
                      n_unattributed=split.n_unattributed, steps_from=steps_from, notes=notes,
-                     graph=join, gpu_joined_us=split.joined_us, device_known=known)
+                     graph=join, gpu_joined_us=split.joined_us, device_known=known,
+                     compiled_kernels=compiled)
 
 
 def _join(path: Path, raw: RawTrace, graphs: list, step_list: list[Step], notes: list):

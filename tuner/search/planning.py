@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 from ..errors import TunerError, warn
 from ..parity import DEFAULT_GATE, DEFAULT_MARGIN, GATES
+from ..spaces import with_row_measure_keys
 
 __all__ = ["DEFAULT_STORAGE", "DEFAULT_TRIALS", "LaunchBound", "PARITY_MODES", "SearchSettings",
            "StudyPlan", "backend_of", "config_key", "full_config", "judge", "known_params",
@@ -171,7 +172,7 @@ def plan_shapes(judged, family: str):
     from kernels import get_family
 
     fam = get_family(family)
-    shapes = [fam.shape_from_row(r) for _, r in judged.iterrows()]
+    shapes = [with_row_measure_keys(fam.shape_from_row(r), r) for _, r in judged.iterrows()]
     rows = judged.assign(kernel_shape=shapes)[[s is not None for s in shapes]]
     rows = rows.assign(shape_key=[fam.shape_key(s) for s in rows["kernel_shape"]])
     kept = rows[rows["verdict"] == "keep"]
@@ -179,9 +180,10 @@ def plan_shapes(judged, family: str):
         measured = {json.dumps(s, sort_keys=True) for s in group["kernel_shape"]}
         if len(measured) > 1:  # e.g. one row harvested with --kv-heads, one without
             warn(f"{key}: the table holds this call measured {len(measured)} ways (a "
-                 "measurement key such as baseline_kv_heads differs between its rows, e.g. "
-                 "tables harvested with and without --kv-heads); one baseline is searched and "
-                 "ranked for all of them")
+                 "measurement key such as baseline_kv_heads or baseline_compiled differs "
+                 "between its rows, e.g. tables harvested with and without --kv-heads, or of an "
+                 "eager and a compiled step); one baseline is searched and ranked for all of "
+                 "them")
     kept_keys = set(kept["shape_key"])
     skipped = [(r.shape_key, f"{r.phase}: {r.reason}") for r in rows.itertuples(index=False)
                if r.verdict != "keep" and r.shape_key not in kept_keys]
