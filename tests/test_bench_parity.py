@@ -321,3 +321,17 @@ def test_the_compiled_baseline_stays_compiled_past_dynamos_shape_limit():
                                     "cpu", 0)
         assert torch.equal(compiled(inputs), family.baseline(inputs))
     assert counters["stats"]["unique_graphs"] - before == 12
+
+
+def test_a_compiled_steps_shape_is_timed_against_the_compiled_baseline(monkeypatch):
+    """'baseline' of a shape with baseline_compiled (a torch.compile'd step's call) resolves to
+    the compiled baseline everywhere tuner.bench times it: the search's baseline, rank's pair."""
+    family = get_family("gemv")
+    shape = {"m": 1, "n": 16, "k": 32, "dtype": "bfloat16"}
+    assert bench._callable_for(family, shape, "baseline", "cuda")[1] is family.baseline
+    name, fn = bench._callable_for(family, dict(shape, baseline_compiled=1), "baseline", "cuda")
+    assert fn is bench.compiled_baseline(family) and "torch.compile" in name
+    timing = bench.time_baseline(family, dict(shape, baseline_compiled=1), cache="warm",
+                                 device="cpu", groups=1, replays=1, min_calls=1,
+                                 target_graph_us=1.0)
+    assert timing.median_us > 0

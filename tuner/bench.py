@@ -187,8 +187,12 @@ def compiled_baseline(family):
 
 
 def _callable_for(family, shape: dict, which, backend: str):
-    """(description, fn(inputs)) for 'baseline', 'compiled-baseline', 'default' or a config."""
+    """(description, fn(inputs)) for 'baseline', 'compiled-baseline', 'default' or a config.
+    'baseline' of a shape that says baseline_compiled (a torch.compile'd step's call:
+    tuner.spaces.COMMON_MEASURE_KEYS) is the compiled one: what that step runs."""
     if isinstance(which, str):
+        if which == "baseline" and shape.get("baseline_compiled"):
+            which = COMPILED_BASELINE
         if which == "baseline":
             return "baseline", family.baseline
         if which == COMPILED_BASELINE:

@@ -407,7 +407,7 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
     `baseline`: how the baseline is timed, 'baseline' (eager) or 'compiled-baseline' (under
     torch.compile, as a compiling server runs it; parity still compares with the eager path);
     a study whose shape says baseline_compiled (harvested from a torch.compile'd step) is timed
-    compiled either way.
+    compiled either way (tuner.bench resolves 'baseline' so, for the search too).
     `device`, `cache` and `compare_options` (groups, replays, ...) go to tuner.bench.compare;
     device='cpu' only under TRITON_INTERPRET=1 (tests: the numbers mean nothing)."""
     from kernels import get_family
@@ -422,8 +422,6 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
         meas.parity = checker.facts(cand.config)
         if not meas.parity.passes(gate):
             return meas
-        if study.shape.get("baseline_compiled"):
-            baseline = bench.COMPILED_BASELINE
         for name in (baseline, "default"):
             r = bench.compare(family, study.shape, cand.config, name, cache=cache, device=device,
                               **compare_options)
