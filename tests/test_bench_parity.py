@@ -296,13 +296,18 @@ def test_the_compiled_baseline_computes_the_eager_baselines_bytes():
 
     shape = {"batch": 2, "heads": 8, "kv_heads": 2, "kv_len": 40, "head_dim": 64,
              "dtype": "bfloat16", "baseline_kv_heads": 8}
+    from torch._dynamo.utils import counters
+
     inputs = attention.make_inputs(shape, "cpu", 0)
     mask = torch.ones(2, 1, 40, dtype=torch.bool)
     mask[:, :, -3:] = False
     compiled = bench.compiled_baseline(attention.FAMILY)
     assert bench.compiled_baseline(attention.FAMILY) is compiled  # one wrapper a family
+    graphs = counters["stats"]["unique_graphs"]
     for x in (inputs, dict(inputs, mask=mask)):
         assert torch.equal(compiled(x), attention.baseline(x))
+    assert counters["stats"]["unique_graphs"] > graphs  # Dynamo compiled it: not the eager path
+    assert bench.baseline_path(attention.FAMILY, shape, bench.COMPILED_BASELINE) == "torch.compile"
     name, fn = bench._callable_for(attention.FAMILY, shape, bench.COMPILED_BASELINE, "cuda")
     assert fn is compiled and "torch.compile" in name
 
@@ -335,3 +340,29 @@ def test_a_compiled_steps_shape_is_timed_against_the_compiled_baseline(monkeypat
                                  device="cpu", groups=1, replays=1, min_calls=1,
                                  target_graph_us=1.0)
     assert timing.median_us > 0
+
+
+def test_a_failed_compile_times_the_eager_baseline_and_says_so(monkeypatch):
+    """torch.compile failing (a compile error, a build without a working Inductor) must not end a
+    rank: the eager baseline is timed from then on, with one warning, and baseline_path says so."""
+    import types
+
+    monkeypatch.setattr(bench, "_COMPILED_BASELINES", {})
+    monkeypatch.setattr(bench, "_COMPILE_FAILURES", {})
+
+    def broken_compile(fn, **options):
+        def run(inputs):
+            raise RuntimeError("inductor: no C compiler found")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    warnings = []
+    monkeypatch.setattr(bench, "warn", warnings.append)
+    family = types.SimpleNamespace(name="fake", baseline=lambda inputs: inputs["x"] * 2)
+    fn = bench.compiled_baseline(family)
+    x = torch.arange(4.0)
+    assert torch.equal(fn({"x": x}), x * 2) and torch.equal(fn({"x": x}), x * 2)
+    assert len(warnings) == 1 and "no C compiler found" in warnings[0]
+    path = bench.baseline_path(family, {"baseline_compiled": 1})
+    assert path.startswith("eager (torch.compile failed: ") and "no C compiler" in path
+    assert bench.baseline_path(family, {}) == "eager"

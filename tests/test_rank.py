@@ -447,19 +447,25 @@ def test_rank_can_time_the_baseline_compiled(tmp_path, monkeypatch):
                [(default_config(shape, "cuda"), 500.0, "exact", "ok")])
     ident = {"device_name": "cpu", "arch": "", "backend": "cuda", "torch": "", "triton": "",
              "kernel_hash": "", "fp_fusion": True}
+    from tuner import bench
+
+    compiled_for = []
+    compiled_baseline = bench.compiled_baseline
+    monkeypatch.setattr(bench, "compiled_baseline",
+                        lambda family: compiled_for.append(family.name) or compiled_baseline(family))
     timing = dict(device="cpu", cache="warm", groups=2, replays=1, min_calls=1)
     compiled = rank.rank(url, family="gemv", progress=False, identity=lambda family: ident,
                          measure=rank.make_measure(baseline="compiled-baseline", **timing),
                          compiled_baseline=True)
+    assert compiled_for == ["gemv"]  # the baseline pair's reference was the compiled baseline
     eager = rank.rank(url, family="gemv", progress=False, identity=lambda family: ident,
                       measure=rank.make_measure(**timing))
+    assert compiled_for == ["gemv"]
     assert list(compiled[rank.BASELINE_PATH]) == ["torch.compile"]
     assert list(eager[rank.BASELINE_PATH]) == ["eager"]
     for table in (compiled, eager):
         row = table.iloc[0]
         assert row["baseline_us"] > 0 and row["parity"].startswith("accuracy ok")
-    from tuner import bench
-    assert "gemv" in bench._COMPILED_BASELINES  # the compiled wrapper timed the baseline
     from tuner import export
 
     compiled["decision"] = "accept"  # the interpreter is never faster: export it anyway
@@ -498,3 +504,22 @@ def test_a_study_of_a_compiled_step_is_timed_against_the_compiled_baseline(tmp_p
     assert compiled_for == ["gemv"]  # the baseline pair's reference, resolved by tuner.bench
     assert list(table[rank.BASELINE_PATH]) == ["torch.compile"]
     assert table.iloc[0]["baseline_us"] > 0
+
+
+def test_rank_compiled_baseline_flag_reaches_the_gpu_measurement(tmp_path, monkeypatch):
+    """`tuner rank --compiled-baseline` (rank(compiled_baseline=True), no custom measure) times
+    every study's baseline pair against the compiled baseline; without it, the eager one."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    make_study(url, "m=4,n=896,k=896,dtype=bfloat16", 48.0, [(cfg(2), 3.9, "exact", "ok")])
+    asked = []
+
+    def measure_on_gpu(study, cand, gate, *, baseline="baseline", **options):
+        asked.append(baseline)
+        return rank.Measured(config=cand.config, parity=None)
+
+    monkeypatch.setattr(rank, "_require_gpu", lambda: None)
+    monkeypatch.setattr(rank, "measure_on_gpu", measure_on_gpu)
+    ident = lambda family: {}  # noqa: E731
+    rank.rank(url, family="gemv", progress=False, identity=ident, compiled_baseline=True)
+    rank.rank(url, family="gemv", progress=False, identity=ident)
+    assert asked == ["compiled-baseline", "baseline"]

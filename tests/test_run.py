@@ -170,16 +170,24 @@ def replayed_measure(study, candidate, parity_mode):
 @pytest.mark.slow
 def test_whole_pipeline_with_swapped_gpu_timing(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
+    ranked_with = []
+    rank_call = rank.rank
+
+    def rank_spy(*args, **kwargs):
+        ranked_with.append(kwargs.get("compiled_baseline"))
+        return rank_call(*args, **kwargs)
+
+    monkeypatch.setattr(rank, "rank", rank_spy)
     lines = []
     result = run.run(TRACE, graph_captured=True, timeout="2m", trials=6,
                         storage=str(tmp_path / "studies.db"), out_dir=tmp_path / "run",
                         export_root=tmp_path / "export", gpu=True, out=lines.append,
                         objective=cheap_objective, measure=replayed_measure,
-                        compiled_baseline=True)  # (tuner run --compiled-baseline: a label here)
+                        compiled_baseline=True)  # tuner run --compiled-baseline
     text = "\n".join(lines)
-    assert result.searched
+    assert result.searched and ranked_with == [True]  # the flag reaches rank
     verdicts = result.verdicts
-    assert set(verdicts[rank.BASELINE_PATH]) == {"torch.compile"}
+    assert set(verdicts[rank.BASELINE_PATH]) == {"eager"}  # what the replayed measure says
     accepted = verdicts[verdicts["decision"] == "accept"]
     assert sorted(accepted["shape"]) == sorted(result.plan["shape_key"])
     assert (accepted["rank"] >= 1).all()
@@ -191,7 +199,7 @@ def test_whole_pipeline_with_swapped_gpu_timing(tmp_path, monkeypatch):
     assert sorted(doc["configs"]) == sorted(accepted["shape"])
     for entry in doc["configs"].values():
         assert entry["config"]["SPLIT_K"] == 1  # mismatching configs never win
-        assert entry["measured"]["baseline_path"] == "torch.compile"
+        assert entry["measured"]["baseline_path"] == "eager"
 
     # the serving side: the loader hits every exported entry
     monkeypatch.setenv("TUNER_EXPORT_DIR", str(tmp_path / "export" / "nvidia-h200"))

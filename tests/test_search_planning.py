@@ -153,3 +153,7 @@ def test_a_compiled_steps_shapes_are_planned_with_the_compiled_baseline():
     assert len(planned) >= 4
     assert all(s.get("baseline_compiled") == 1 for s in planned["shape"])
     assert all("baseline_compiled" not in key for key in planned["shape_key"])
+    # budget --measure times the same baseline as the search and rank
+    gemv_rows = table[(table["family"] == "gemm") & (table["m"] == 1)]
+    family, shape = budget.kernel_shape(gemv_rows.iloc[0])
+    assert family.name == "gemv" and shape["baseline_compiled"] == 1

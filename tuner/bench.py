@@ -30,7 +30,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from .errors import CandidateFailure, TunerError
+from .errors import CandidateFailure, TunerError, one_line, warn
 from .timing import GraphTimer, bootstrap_median_interval, median, spread_pct
 
 __all__ = ["DEFAULT_GROUPS", "DEFAULT_REPLAYS", "FALLBACK_L2_BYTES", "MAX_INPUT_SETS", "BenchRow",
@@ -163,6 +163,7 @@ def make_input_sets(family, shape: dict, cache: str = "cold", device=None,
 
 COMPILED_BASELINE = "compiled-baseline"
 _COMPILED_BASELINES: dict = {}
+_COMPILE_FAILURES: dict = {}  # family name -> why torch.compile of its baseline failed
 
 
 def compiled_baseline(family):
@@ -172,7 +173,9 @@ def compiled_baseline(family):
     it compiles on its first call for each shape (the timer's warm-up), never inside a graph
     capture. Dynamo compiles one function for at most `recompile_limit` shapes (8) and runs it
     eagerly beyond: a rank over more shapes would time eager baselines unsaid, so this process
-    raises the limit (a tuner process; serving never calls this)."""
+    raises the limit (a tuner process; serving never calls this). Where torch.compile fails
+    (a compile error, a build without a working Inductor), the eager baseline is timed from then
+    on, with one warning, and `baseline_path` says so."""
     fn = _COMPILED_BASELINES.get(family.name)
     if fn is None:
         import torch
@@ -182,8 +185,33 @@ def compiled_baseline(family):
                      "accumulated_cache_size_limit"):
             if isinstance(getattr(dynamo_config, name, None), int):
                 setattr(dynamo_config, name, max(getattr(dynamo_config, name), 4096))
-        fn = _COMPILED_BASELINES[family.name] = torch.compile(family.baseline, dynamic=False)
+        compiled = torch.compile(family.baseline, dynamic=False)
+
+        def fn(inputs):
+            if family.name not in _COMPILE_FAILURES:
+                try:
+                    return compiled(inputs)
+                except Exception as exc:  # noqa: BLE001 - any compile error: time the eager path
+                    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                        raise  # compiled before every capture (the timer's warm-up): a real fault
+                    _COMPILE_FAILURES[family.name] = one_line(exc)
+                    warn(f"{family.name}: torch.compile of the baseline failed "
+                         f"({_COMPILE_FAILURES[family.name]}); timing the eager baseline")
+            return family.baseline(inputs)
+
+        _COMPILED_BASELINES[family.name] = fn
     return fn
+
+
+def baseline_path(family, shape: dict, which="baseline") -> str:
+    """How `which` ('baseline' or 'compiled-baseline') of `shape` is timed: 'eager',
+    'torch.compile', or 'eager (torch.compile failed: ...)' after a failed compile."""
+    compiled = which == COMPILED_BASELINE or (which == "baseline"
+                                              and bool(shape.get("baseline_compiled")))
+    if not compiled:
+        return "eager"
+    why = _COMPILE_FAILURES.get(family.name)
+    return f"eager (torch.compile failed: {why})"[:200] if why else "torch.compile"
 
 
 def _callable_for(family, shape: dict, which, backend: str):

@@ -286,9 +286,13 @@ def kernel_families() -> list:
 
 
 def kernel_shape(row, families: list | None = None) -> tuple | None:
-    """(KernelFamily, shape dict) of the kernel family that serves a ShapeTable row, or None."""
+    """(KernelFamily, shape dict) of the kernel family that serves a ShapeTable row, or None; the
+    shape carries the row's measurement keys (baseline_compiled for a compiled step's row), so
+    `measure_baselines` times the baseline the search and rank time."""
+    from .spaces import with_row_measure_keys
+
     for family in kernel_families() if families is None else families:
-        shape = family.shape_from_row(row)
+        shape = with_row_measure_keys(family.shape_from_row(row), row)
         if shape is not None:
             return family, shape
     return None

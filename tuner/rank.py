@@ -39,8 +39,8 @@ from .units import Threshold, parse_threshold
 __all__ = ["BASELINE_PATH", "DEFAULT_MIN_SPEEDUP", "DEFAULT_TOP", "IDENTITY_COLUMNS",
            "MEASURED_COLUMNS", "PARITY_COLUMNS", "VERDICTS_DIR", "VERDICT_COLUMNS", "Candidate",
            "Measured", "Pair", "StudyInfo", "best_distinct", "config_text", "decide", "decide_one",
-           "feasible", "fp_fusion_default", "identity_columns", "load_studies", "make_measure", "markdown",
-           "measure_on_gpu", "order", "parity_text", "rank", "read", "storage_url",
+           "feasible", "fp_fusion_default", "identity_columns", "load_studies", "make_measure",
+           "markdown", "measure_on_gpu", "order", "parity_text", "rank", "read", "storage_url",
            "summary_lines", "trials_note", "write"]
 
 VERDICTS_DIR = Path("artifacts") / "verdicts"
@@ -57,18 +57,18 @@ VERDICT_COLUMNS = [
 PARITY_COLUMNS = ["parity_margin", "bitwise_vs_baseline", "bitwise_vs_default", "parity_class",
                   "default_class", "error_vs_reference", "baseline_error_vs_reference",
                   "error_ratio", "parity_seeds"]
+# How the baseline was timed (tuner.bench.baseline_path): 'eager', 'torch.compile' (rank
+# --compiled-baseline, or a compiled step's study) or 'eager (torch.compile failed: ...)';
+# tables written before it have no such column and were eager.
+BASELINE_PATH = "baseline_path"
 MEASURED_COLUMNS = [
     "default_us", "speedup_vs_default", "noise_pct", "search_us", "trial", "step_us", "phase",
-    "study", "shape_json", "device",
+    "study", "shape_json", "device", BASELINE_PATH,
 ]
 # Where and with what the numbers were measured (export copies these into its files).
 IDENTITY_COLUMNS = [
     "device_name", "arch", "backend", "torch", "triton", "kernel_hash", "fp_fusion", "measured_at",
 ]
-
-# How the baseline was timed: 'eager' (the default) or 'torch.compile' (rank
-# --compiled-baseline); tables written before it have no such column and were eager.
-BASELINE_PATH = "baseline_path"
 
 ACCEPT, RUNNER_UP, REJECT = "accept", "runner-up", "reject"
 
@@ -123,6 +123,7 @@ class Measured:
     vs_baseline: Pair | None = None
     vs_default: Pair | None = None
     failure: str = ""
+    baseline_path: str = "eager"  # how the baseline was timed (tuner.bench.baseline_path)
 
 
 MeasureFn = Callable[[StudyInfo, Candidate, str], Measured]
@@ -169,6 +170,7 @@ def decide_one(study: StudyInfo, cand: Candidate, meas: Measured, *, min_speedup
         "shape_json": json.dumps(study.shape, sort_keys=True), "device": study.device,
         "parity_margin": float(margin),
         **_fact_columns(meas.parity),
+        BASELINE_PATH: meas.baseline_path,
     }
     if meas.vs_baseline is not None:
         b = meas.vs_baseline
@@ -429,6 +431,7 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
                         r.speedup_high, r.noise_pct)
             if name == baseline:
                 meas.vs_baseline = pair
+                meas.baseline_path = bench.baseline_path(family, study.shape, baseline)
             else:
                 meas.vs_default = pair
     except CandidateFailure as exc:
@@ -489,8 +492,9 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
     `parity_mode`: the gate (baseline, kernel, accuracy; exact / tolerance are deprecated names).
     `compiled_baseline`: time the baseline under torch.compile (`measure_on_gpu`), for a serving
     step that is compiled (studies of a compiled step's trace are timed so anyway: their shape
-    says baseline_compiled); the table's `baseline_path` column says which ('eager' or
-    'torch.compile'). A custom `measure` must time it so itself (make_measure's `baseline`)."""
+    says baseline_compiled); each row's `baseline_path` says how its baseline was timed
+    (`Measured.baseline_path`). A custom `measure` times it its own way (make_measure's
+    `baseline`)."""
     gate = resolve_gate(parity_mode, quiet=True)
     if not (margin >= 1.0):
         raise TunerError(f"--parity-margin must be at least 1, not {margin}")
@@ -523,9 +527,6 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
             table[col] = now
         else:
             table[col] = [idents[f].get(col, "") for f in table["family"]]
-    table[BASELINE_PATH] = ["torch.compile" if compiled_baseline
-                            or json.loads(s).get("baseline_compiled") else "eager"
-                            for s in table["shape_json"]]
     return table
 
 

@@ -14,8 +14,8 @@ import pandas as pd
 from .errors import TunerError
 from .tables import read_parquet, write_parquet
 
-__all__ = ["OPTIONAL_COLUMNS", "PHASES", "REQUIRED_STRINGS", "attribution_key", "empty", "normalize", "read",
-           "validate", "write"]
+__all__ = ["OPTIONAL_COLUMNS", "PHASES", "REQUIRED_STRINGS", "attribution_key", "empty",
+           "normalize", "read", "validate", "write"]
 
 COLUMNS: dict[str, str] = {
     "op": "string",
@@ -154,4 +154,4 @@ def attribution_key(row: dict) -> str:
     if row.get("family") == "attention":
         return (f"attention b={row.get('batch')} h={row.get('heads')} kv={row.get('kv_len')} "
                 f"d={row.get('head_dim')}")
-    return f"m={row['m']},n={row['n']},k={row['k']}"
+    return f"m={row.get('m')},n={row.get('n')},k={row.get('k')}"

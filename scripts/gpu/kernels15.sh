@@ -132,9 +132,11 @@ elif SHAPE_SET == "all":
 M_ORDER = (1, 32, 4, 128, 16, 8, 64, 256)  # interleaved: a spent budget cuts the m=256 cases last
 if os.environ.get("KERNELS15_M"):
     try:
-        M_ORDER = tuple(int(v) for v in os.environ["KERNELS15_M"].split(","))
+        M_ORDER = tuple(dict.fromkeys(int(v) for v in os.environ["KERNELS15_M"].split(",")))
     except ValueError:
-        raise SystemExit("KERNELS15_M must be comma-separated batch sizes, not "
+        M_ORDER = ()
+    if not M_ORDER or min(M_ORDER) < 1:
+        raise SystemExit("KERNELS15_M must be comma-separated batch sizes >= 1, not "
                          f"{os.environ['KERNELS15_M']!r}")
 if SMOKE:
     NK, M_ORDER = [(72, 96, "tiny"), (40, 104, "tiny2")], (1, 3, 17)

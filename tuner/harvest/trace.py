@@ -50,7 +50,7 @@ def read_trace(path, steps: int | None = None, *, graphs: list | None = None,
 def compiled_kernels(raw: RawTrace) -> int:
     """How many of the trace's GPU kernels torch.compile (Inductor) generated (its triton_poi_ /
     triton_red_ / ... names, config.INDUCTOR_KERNEL_RE): a torch.compile'd step has hundreds."""
-    names = [a[4] for a in raw.activities] + list(raw.launch_kernels.values())
+    names = [a[4] for a in raw.activities] or list(raw.launch_kernels.values())
     return sum(1 for name in names if config.INDUCTOR_KERNEL_RE.match(str(name)))
 
 
