@@ -451,8 +451,11 @@ def test_rank_can_time_the_baseline_compiled(tmp_path, monkeypatch):
 
     compiled_for = []
     compiled_baseline = bench.compiled_baseline
-    monkeypatch.setattr(bench, "compiled_baseline",
-                        lambda family: compiled_for.append(family.name) or compiled_baseline(family))
+    def spy(family):
+        compiled_for.append(family.name)
+        return compiled_baseline(family)
+
+    monkeypatch.setattr(bench, "compiled_baseline", spy)
     timing = dict(device="cpu", cache="warm", groups=2, replays=1, min_calls=1)
     compiled = rank.rank(url, family="gemv", progress=False, identity=lambda family: ident,
                          measure=rank.make_measure(baseline="compiled-baseline", **timing),
