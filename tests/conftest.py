@@ -5,6 +5,7 @@
   scripts/start_postgres.sh); without it the test skips, unless TUNER_REQUIRE_POSTGRES=1 (CI),
   where a missing server is a failure.
 - `shared_traces` is the folder of real third-party traces (../shared/traces beside the checkout).
+- `needs_cxx`: torch.compile (Inductor) on the CPU compiles C++; such tests skip without one.
 - One Triton mode for the whole run, decided here, before any test module imports triton (Triton
   reads TRITON_INTERPRET when a kernel is first defined, so a per-module setting would depend on
   which module happens to load first): TRITON_INTERPRET=1, kernels run on the CPU interpreter,
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -25,6 +27,11 @@ import pytest  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 EXAMPLES = ROOT / "shapes" / "examples"
+
+
+needs_cxx = pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("c++", "g++", "clang++")),
+    reason="torch.compile (Inductor) on the CPU needs a C++ compiler")
 
 
 def _has_gpu() -> bool:

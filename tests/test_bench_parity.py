@@ -17,6 +17,8 @@ from kernels import get_family  # noqa: E402
 from tuner import bench, timing, parity  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
 
+from conftest import needs_cxx  # noqa: E402
+
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="interpreter tests need TRITON_INTERPRET=1 at import")
 
@@ -285,6 +287,7 @@ def test_tuner_bench_cli_on_cpu(capsys):
     assert "output classes" in out and "bitwise equal to the serving path" in out
 
 
+@needs_cxx
 def test_the_compiled_baseline_computes_the_eager_baselines_bytes():
     """rank --compiled-baseline times family.baseline under torch.compile (Inductor fuses the
     KV-cache copies of a regrouped attention call): on the CPU it gives the eager baseline's
@@ -312,6 +315,7 @@ def test_the_compiled_baseline_computes_the_eager_baselines_bytes():
     assert fn is compiled and "torch.compile" in name
 
 
+@needs_cxx
 def test_the_compiled_baseline_stays_compiled_past_dynamos_shape_limit():
     """Dynamo compiles a function for at most 8 shapes and runs it eagerly after that (with a
     log line only): a rank of a model's shapes at several batch sizes passes that. The compiled

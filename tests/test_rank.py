@@ -20,6 +20,8 @@ from tuner.cli import main  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
 from tuner import units  # noqa: E402
 
+from conftest import needs_cxx  # noqa: E402
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 # The decode step of the bundled example (Qwen2.5-0.5B, batch 4) as budget sees it under graphs:
@@ -434,6 +436,7 @@ def test_the_default_config_is_always_a_candidate():
     assert len(rank.best_distinct(trials[:3], 3, default)) == 3
 
 
+@needs_cxx
 def test_rank_can_time_the_baseline_compiled(tmp_path, monkeypatch):
     """--compiled-baseline: the baseline is timed under torch.compile (Inductor, here on the CPU),
     the table says so in `baseline_path`, and export carries it into the entry; the default
@@ -477,6 +480,7 @@ def test_rank_can_time_the_baseline_compiled(tmp_path, monkeypatch):
     assert [e["measured"]["baseline_path"] for e in doc["configs"].values()] == ["torch.compile"]
 
 
+@needs_cxx
 def test_a_study_of_a_compiled_step_is_timed_against_the_compiled_baseline(tmp_path,
                                                                            monkeypatch):
     """A study whose shape says baseline_compiled (its rows came from a torch.compile'd step's
