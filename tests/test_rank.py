@@ -436,36 +436,52 @@ def test_the_default_config_is_always_a_candidate():
     assert len(rank.best_distinct(trials[:3], 3, default)) == 3
 
 
-@needs_cxx
-def test_rank_can_time_the_baseline_compiled(tmp_path, monkeypatch):
-    """--compiled-baseline: the baseline is timed under torch.compile (Inductor, here on the CPU),
-    the table says so in `baseline_path`, and export carries it into the entry; the default
-    stays eager."""
+CPU_IDENT = {"device_name": "cpu", "arch": "", "backend": "cuda", "torch": "", "triton": "",
+             "kernel_hash": "", "fp_fusion": True}
+CPU_TIMING = dict(device="cpu", cache="warm", groups=2, replays=1, min_calls=1)
+
+
+def _tiny_gemv_study(tmp_path, monkeypatch):
+    """(url, study, shape): one tiny gemv study with its default config, for rank's own
+    measurement on the CPU under the interpreter."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from kernels.gemv import default_config
 
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     shape = {"m": 2, "n": 40, "k": 64, "dtype": "bfloat16"}
-    make_study(url, "m=2,n=40,k=64,dtype=bfloat16", 48.0,
-               [(default_config(shape, "cuda"), 500.0, "exact", "ok")])
-    ident = {"device_name": "cpu", "arch": "", "backend": "cuda", "torch": "", "triton": "",
-             "kernel_hash": "", "fp_fusion": True}
+    study = make_study(url, "m=2,n=40,k=64,dtype=bfloat16", 48.0,
+                       [(default_config(shape, "cuda"), 500.0, "exact", "ok")])
+    return url, study, shape
+
+
+def _spy_compiled_baseline(monkeypatch) -> list:
+    """The names of the families tuner.bench builds a compiled baseline for, from now on."""
     from tuner import bench
 
     compiled_for = []
     compiled_baseline = bench.compiled_baseline
+
     def spy(family):
         compiled_for.append(family.name)
         return compiled_baseline(family)
 
     monkeypatch.setattr(bench, "compiled_baseline", spy)
-    timing = dict(device="cpu", cache="warm", groups=2, replays=1, min_calls=1)
-    compiled = rank.rank(url, family="gemv", progress=False, identity=lambda family: ident,
-                         measure=rank.make_measure(baseline="compiled-baseline", **timing),
+    return compiled_for
+
+
+@needs_cxx
+def test_rank_can_time_the_baseline_compiled(tmp_path, monkeypatch):
+    """--compiled-baseline: the baseline is timed under torch.compile (Inductor, here on the CPU),
+    the table says so in `baseline_path`, and export carries it into the entry; the default
+    stays eager."""
+    url, _, _ = _tiny_gemv_study(tmp_path, monkeypatch)
+    compiled_for = _spy_compiled_baseline(monkeypatch)
+    compiled = rank.rank(url, family="gemv", progress=False, identity=lambda family: CPU_IDENT,
+                         measure=rank.make_measure(baseline="compiled-baseline", **CPU_TIMING),
                          compiled_baseline=True)
     assert compiled_for == ["gemv"]  # the baseline pair's reference was the compiled baseline
-    eager = rank.rank(url, family="gemv", progress=False, identity=lambda family: ident,
-                      measure=rank.make_measure(**timing))
+    eager = rank.rank(url, family="gemv", progress=False, identity=lambda family: CPU_IDENT,
+                      measure=rank.make_measure(**CPU_TIMING))
     assert compiled_for == ["gemv"]
     assert list(compiled[rank.BASELINE_PATH]) == ["torch.compile"]
     assert list(eager[rank.BASELINE_PATH]) == ["eager"]
@@ -486,28 +502,11 @@ def test_a_study_of_a_compiled_step_is_timed_against_the_compiled_baseline(tmp_p
     """A study whose shape says baseline_compiled (its rows came from a torch.compile'd step's
     trace: harvest's traced_compiled) gets its baseline timed under torch.compile without any
     flag, and its rows say so."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from kernels.gemv import default_config
-    from tuner import bench
-
-    url = f"sqlite:///{tmp_path / 'studies.db'}"
-    shape = {"m": 2, "n": 40, "k": 64, "dtype": "bfloat16"}
-    study = make_study(url, "m=2,n=40,k=64,dtype=bfloat16", 48.0,
-                       [(default_config(shape, "cuda"), 500.0, "exact", "ok")])
+    url, study, shape = _tiny_gemv_study(tmp_path, monkeypatch)
     study.set_user_attr("shape", dict(shape, baseline_compiled=1))
-    compiled_for = []
-    compiled_baseline = bench.compiled_baseline
-
-    def spy(family):
-        compiled_for.append(family.name)
-        return compiled_baseline(family)
-
-    monkeypatch.setattr(bench, "compiled_baseline", spy)
-    ident = {"device_name": "cpu", "arch": "", "backend": "cuda", "torch": "", "triton": "",
-             "kernel_hash": "", "fp_fusion": True}
-    table = rank.rank(url, family="gemv", progress=False, identity=lambda family: ident,
-                      measure=rank.make_measure(device="cpu", cache="warm", groups=2, replays=1,
-                                                min_calls=1))
+    compiled_for = _spy_compiled_baseline(monkeypatch)
+    table = rank.rank(url, family="gemv", progress=False, identity=lambda family: CPU_IDENT,
+                      measure=rank.make_measure(**CPU_TIMING))
     assert compiled_for == ["gemv"]  # the baseline pair's reference, resolved by tuner.bench
     assert list(table[rank.BASELINE_PATH]) == ["torch.compile"]
     assert table.iloc[0]["baseline_us"] > 0
