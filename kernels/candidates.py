@@ -84,7 +84,7 @@ def _gemv(shape: dict, sms: int) -> list[dict]:
         if splittable:
             configs += [{**c, "SPLIT_K": s} for s in
                         split_counts(cdiv(n, c["ROWS_PER_BLOCK"]), k, c["BLOCK_K"], 2, sms)]
-    return configs
+    return configs + _warp_specialised(configs, lambda c: c["USE_DOT"] == 2 and c["ROWS_PER_BLOCK"] == 64)
 
 
 def _gemm(shape: dict, sms: int) -> list[dict]:
@@ -145,7 +145,14 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
             tiles = cdiv(n, c["BLOCK_N"]) * cdiv(m, c["BLOCK_M"])
             configs += [{**c, "SPLIT_K": s}
                         for s in split_counts(tiles, k, c["BLOCK_K"], 4, sms, splits)]
-    return configs
+    return configs + _warp_specialised(
+        configs, lambda c: c["SWAP_AB"] == 1 and c["TMA"] == 1 and c["BLOCK_N"] == 64)
+
+
+def _warp_specialised(configs: list[dict], skinny_tma) -> list[dict]:
+    """WARP_SPEC = 1 twins of the skinny descriptor kernel's 4-warp candidates (kernels/skinny.py:
+    a TMA producer warp group, two wgmma consumer warp groups; the same sums)."""
+    return [{**c, "WARP_SPEC": 1} for c in configs if skinny_tma(c) and c["num_warps"] == 4]
 
 
 def _balanced(family: str, shape: dict, raw: list[dict], sms: int) -> list[dict]:
