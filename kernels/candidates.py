@@ -84,7 +84,7 @@ def _gemv(shape: dict, sms: int) -> list[dict]:
         if splittable:
             configs += [{**c, "SPLIT_K": s} for s in
                         split_counts(cdiv(n, c["ROWS_PER_BLOCK"]), k, c["BLOCK_K"], 2, sms)]
-    return configs + _warp_specialised(configs, lambda c: c["USE_DOT"] == 2 and c["ROWS_PER_BLOCK"] == 64)
+    return configs
 
 
 def _gemm(shape: dict, sms: int) -> list[dict]:
@@ -133,6 +133,9 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
         # (BENCHMARKS.md) kept it for the widest shapes (8 of 32 cases at m = 128 / 256, by
         # 0.1-7.9%, all but one unsplit); at m = 64 it won one case by 0.1%
         base += [(skinny(sm, 256, 64, 8, 4), 1)]
+    # (warp-specialised twins of the skinny descriptor kernel, tl.range(warp_specialize=True),
+    # were measured in session 19: > 1% slower than the same config on 192 of 209 pairs, best in
+    # no case at m = 4-256; tiles of >= 128 weight rows hung the GPU on Triton 3.6. docs/kernels.md)
     if m >= 256:
         # (the tiled kernel's 256 x 128 tile, each weight tile read by one program, was measured
         # in session 18: slower than the best config on 8 of 9 8B shapes, by up to 2.7x, a tie
@@ -145,14 +148,7 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
             tiles = cdiv(n, c["BLOCK_N"]) * cdiv(m, c["BLOCK_M"])
             configs += [{**c, "SPLIT_K": s}
                         for s in split_counts(tiles, k, c["BLOCK_K"], 4, sms, splits)]
-    return configs + _warp_specialised(
-        configs, lambda c: c["SWAP_AB"] == 1 and c["TMA"] == 1 and c["BLOCK_N"] == 64)
-
-
-def _warp_specialised(configs: list[dict], skinny_tma) -> list[dict]:
-    """WARP_SPEC = 1 twins of the skinny descriptor kernel's 4-warp candidates (kernels/skinny.py:
-    a TMA producer warp group, two wgmma consumer warp groups; the same sums)."""
-    return [{**c, "WARP_SPEC": 1} for c in configs if skinny_tma(c) and c["num_warps"] == 4]
+    return configs
 
 
 def _balanced(family: str, shape: dict, raw: list[dict], sms: int) -> list[dict]:

@@ -260,8 +260,7 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
         kernel, sk_grid, args, sk_meta, sk_opts = skinny.plan(
             b.t(), a, target, None, block_n=block_n, block_m=block_m, block_k=block_k,
             split_k=split_k, use_tma=use_tma, options=opts, stride_cs=stride_cs, stride_cm=n,
-            balance=int(config.get("BALANCE_N", 0)) == 1,
-            warp_spec=int(config.get("WARP_SPEC", 0)) == 1)
+            balance=int(config.get("BALANCE_N", 0)) == 1)
         calls = [KernelCall(kernel, sk_grid, args, sk_meta, sk_opts)]
     elif use_tma and tma_supported(a, b):
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -346,8 +345,6 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
                   "GROUP_M": 1, "SPLIT_K": 4 if n <= 1024 else 1, "SWAP_AB": 1, "TMA": 1,
                   "num_warps": 4, "num_stages": 4 if wide or block_k == 256 else 6}
     config["BALANCE_N"] = 0  # the measured winners above; balanced rows are a search knob
-    if not hip:
-        config["WARP_SPEC"] = 0  # a search knob of the skinny descriptor kernel (kernels/skinny.py)
     return config
 
 

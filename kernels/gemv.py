@@ -46,9 +46,8 @@ __all__ = ["DOT_ROWS", "FAMILY", "HIP_OPTIONS", "KERNEL_PARAMS", "LAUNCH_OPTIONS
 
 MAX_M = 8
 KERNEL_PARAMS = ("ROWS_PER_BLOCK", "BLOCK_K", "SPLIT_K")
-OPTIONAL_PARAMS = ("USE_DOT", "BALANCE_N", "WARP_SPEC")  # USE_DOT 0 (default): FMA + row
-# sums; 1: tl.dot variant; 2: skinny. BALANCE_N 1: the skinny kernel's balanced rows; WARP_SPEC 1:
-# its warp-specialised K loop (kernels/skinny.py)
+OPTIONAL_PARAMS = ("USE_DOT", "BALANCE_N")  # USE_DOT 0 (default): FMA + row sums; 1: tl.dot
+# variant; 2: skinny. BALANCE_N 1: the skinny kernel's balanced rows (kernels/skinny.py)
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 HIP_OPTIONS = ("waves_per_eu",)
 REDUCE_BLOCK_N = 1024
@@ -270,10 +269,6 @@ def check_config(config: dict) -> None:
                                                          and use_dot != 2):
         raise ValueError("gemv BALANCE_N is 0, or 1 with USE_DOT=2 (the skinny kernel's "
                          "balanced rows)")
-    if int(config.get("WARP_SPEC", 0)) not in (0, 1) or (int(config.get("WARP_SPEC", 0))
-                                                         and use_dot != 2):
-        raise ValueError("gemv WARP_SPEC is 0, or 1 with USE_DOT=2 (the skinny kernel's "
-                         "warp-specialised loop)")
 
 
 def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
@@ -320,8 +315,7 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
             weight, x, target, bias, block_n=rows, block_m=DOT_ROWS, block_k=block_k,
             split_k=split_k, use_tma=backend in ("cuda", "cpu"), stride_cs=stride_cs,
             stride_cm=stride_cm, options=launch_options(config, backend),
-            balance=int(config.get("BALANCE_N", 0)) == 1,
-            warp_spec=int(config.get("WARP_SPEC", 0)) == 1)
+            balance=int(config.get("BALANCE_N", 0)) == 1)
         calls = [KernelCall(kernel, grid, args, meta, options)]
         if split_k > 1:
             calls.append(_reduce_call(part, out, bias, m, n, split_k))
@@ -435,8 +429,6 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
     config["BALANCE_N"] = 0  # the measured winners above; balanced rows are a search knob
     if backend in ("hip", "dcu"):
         config["waves_per_eu"] = 0
-    else:
-        config["WARP_SPEC"] = 0  # a search knob of the skinny descriptor kernel (kernels/skinny.py)
     return config
 
 

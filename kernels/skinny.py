@@ -29,16 +29,7 @@ Grid: (cdiv(m, BLOCK_M), cdiv(n, ROWS), SPLIT_K), the activation tiles fastest: 
 several tiles (m > BLOCK_M) the programs that share a weight tile run together, so the weight
 comes from HBM once and from L2 for the others. SPLIT_K > 1 writes fp32 partials
 [SPLIT_K, m, n] that the family's reduce kernel sums in a fixed order (no atomics: bit
-reproducible; no host-side state, so a CUDA graph replays it as captured).
-
-Warp specialisation (WARP_SPEC = 1, the descriptor kernel on sm90): Triton's `tl.range(...,
-warp_specialize=True)` splits the K loop into a producer warp group that issues the TMA loads
-and two consumer warp groups that run the wgmma on halves of the tile, with registers moved to
-the consumers (setmaxnreg): 3 warp groups for num_warps = 4. At m = 128 / 256 the wgmma time of
-a weight tile approaches its load time, and one warp group that both waits on loads and issues
-MMAs serialises the two. Triton 3.6 specialises num_warps = 4 tiles of 64-256 weight rows;
-Triton 3.9 only BLOCK_N = 64 (larger tiles fail to compile there: its pass splits the tile but
-not the descriptor block), and neither does anything for num_warps = 8. Rows past n / m are
+reproducible; no host-side state, so a CUDA graph replays it as captured). Rows past n / m are
 clamped for the pointer loads (no row masks in the loop) and masked at the store; the
 descriptors read out-of-range rows and columns as zeros.
 """
@@ -99,11 +90,9 @@ def skinny_kernel(w_ptr, a_ptr, c_ptr, bias_ptr, M, N, K, ROWS,
 @triton.jit
 def skinny_tma_kernel(w_desc, a_desc, c_ptr, bias_ptr, M, N, K, ROWS, stride_cs, stride_cm,
                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                      SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, WARP_SPEC: tl.constexpr):
+                      SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr):
     """Tensor-descriptor loads (TMA on sm90): w_desc the row-major weight [n, k], block
-    [BLOCK_N, BLOCK_K]; a_desc the row-major A [m, k], block [BLOCK_M, BLOCK_K]. WARP_SPEC:
-    Triton's warp specialisation of the K loop (sm90: a producer warp group issues the TMA
-    loads, two consumer warp groups the wgmma; module docstring)."""
+    [BLOCK_N, BLOCK_K]; a_desc the row-major A [m, k], block [BLOCK_M, BLOCK_K]."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -115,7 +104,7 @@ def skinny_tma_kernel(w_desc, a_desc, c_ptr, bias_ptr, M, N, K, ROWS, stride_cs,
     row_end = tl.minimum(off_n + ROWS, N)  # this program's rows: [off_n, row_end)
     off_m = pid_m * BLOCK_M
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for t in tl.range(tile_start, tile_end, warp_specialize=WARP_SPEC):
+    for t in range(tile_start, tile_end):
         w = w_desc.load([off_n, t * BLOCK_K])
         a = a_desc.load([off_m, t * BLOCK_K])
         acc = tl.dot(w, a.T, acc)
@@ -151,14 +140,11 @@ def descriptor_ok(*tensors) -> bool:
 
 
 def plan(weight, a, target, bias, *, block_n: int, block_m: int, block_k: int, split_k: int,
-         use_tma: bool, options: dict, stride_cs: int, stride_cm: int, balance: bool = False,
-         warp_spec: bool = False):
+         use_tma: bool, options: dict, stride_cs: int, stride_cm: int, balance: bool = False):
     """(kernel, grid, args, constexprs, options) of one skinny launch: `weight` the [n, k] view
     (any strides), `a` the [m, k] view, `target` the output (or fp32 workspace, stride_cs apart
     per split), `bias` [n] or None (added only when split_k == 1); `balance`: balanced rows
-    (module docstring) on the multiprocessors of `weight`'s device; `warp_spec`: the descriptor
-    kernel's warp-specialised K loop (the pointer kernel, taken where the operands cannot back
-    descriptors, has none)."""
+    (module docstring) on the multiprocessors of `weight`'s device."""
     n, k = weight.shape
     m = a.shape[0]
     rows = block_n
@@ -176,7 +162,7 @@ def plan(weight, a, target, bias, *, block_n: int, block_m: int, block_k: int, s
         w_desc = TensorDescriptor(weight, [n, k], [weight.stride(0), 1], [block_n, block_k])
         a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, block_k])
         args = (w_desc, a_desc, target, bias_arg, m, n, k, rows, stride_cs, stride_cm)
-        return skinny_tma_kernel, grid, args, {**meta, "WARP_SPEC": warp_spec}, options
+        return skinny_tma_kernel, grid, args, meta, options
     args = (weight, a, target, bias_arg, m, n, k, rows, weight.stride(0), weight.stride(1),
             a.stride(0), a.stride(1), stride_cs, stride_cm)
     tiles_even = k % block_k == 0

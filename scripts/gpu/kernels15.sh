@@ -157,31 +157,22 @@ SMS = 132 if SMOKE or PLAN_ONLY else torch.cuda.get_device_properties(0).multi_p
 
 
 def variant(family, config: dict) -> str:
-    ws = "-ws" if int(config.get("WARP_SPEC", 0)) else ""
     if family is gemv.FAMILY:
         dot = int(config.get("USE_DOT", 0))
         if dot == 0:
             return {1: "fma", 2: "fma-pref"}.get(int(config.get("num_stages", 1)), "fma-pipe")
-        return "dot" if dot == 1 else ("skinny-bal" if int(config.get("BALANCE_N", 0)) else "skinny") + ws
+        return "dot" if dot == 1 else ("skinny-bal" if int(config.get("BALANCE_N", 0)) else "skinny")
     name = "skinny" if int(config.get("SWAP_AB", 0)) else "tiled"
     return (name + ("-tma" if int(config.get("TMA", 0)) else "")
-            + ("-bal" if int(config.get("BALANCE_N", 0)) else "") + ws)
+            + ("-bal" if int(config.get("BALANCE_N", 0)) else ""))
 
 
 def short(config: dict) -> str:
     keys = {"ROWS_PER_BLOCK": "R", "BLOCK_M": "M", "BLOCK_N": "N", "BLOCK_K": "K", "SPLIT_K": "sk",
             "GROUP_M": "g", "num_warps": "w", "num_stages": "s", "USE_DOT": "dot", "TMA": "tma",
-            "SWAP_AB": "swap", "BALANCE_N": "bal", "WARP_SPEC": "ws"}
-    skip = {"GROUP_M": 1, "SPLIT_K": 1, "USE_DOT": 0, "TMA": 0, "SWAP_AB": 0, "BALANCE_N": 0,
-            "WARP_SPEC": 0}
+            "SWAP_AB": "swap", "BALANCE_N": "bal"}
+    skip = {"GROUP_M": 1, "SPLIT_K": 1, "USE_DOT": 0, "TMA": 0, "SWAP_AB": 0, "BALANCE_N": 0}
     return ",".join(f"{keys[k]}{v}" for k, v in config.items() if k in keys and skip.get(k) != v)
-
-
-# KERNELS15_EXCLUDE: a scripts/gpu/ws_probe.py result; its hung configs (at their m) are not run
-EXCLUDED = set()
-if os.environ.get("KERNELS15_EXCLUDE"):
-    EXCLUDED = {json.dumps([j["shape"]["m"], j["config"]], sort_keys=True)
-                for j in json.load(open(os.environ["KERNELS15_EXCLUDE"]))["hung"]}
 
 
 def candidates(family, shape: dict) -> list[dict]:
@@ -189,9 +180,8 @@ def candidates(family, shape: dict) -> list[dict]:
     queues first) that the cuda space allows."""
     space = space_for(family.name, "cuda")
     default = family.default_config(shape, "cuda", sm_count=SMS)
-    known = space.known(candidate_configs(family.name, shape, "cuda", SMS), shape, default)
-    return [default] + [c for c in known
-                        if json.dumps([shape["m"], c], sort_keys=True) not in EXCLUDED]
+    return [default] + space.known(candidate_configs(family.name, shape, "cuda", SMS), shape,
+                                   default)
 
 
 CASES = [(m, n, k, tag) for m in M_ORDER for n, k, tag in NK]
@@ -410,8 +400,8 @@ RESULTS["bandwidth_end"] = read_bandwidth()
 # ------------------------------------------------------------------------------------ tables
 print("\nRESULTS-JSON " + json.dumps(RESULTS, default=str))
 done = {(c["m"], c["n"], c["k"]): c for c in RESULTS["cases"] if "best_us" in c}
-variants = ["fma", "fma-pref", "fma-pipe", "dot", "skinny", "skinny-ws", "skinny-bal", "skinny-bal-ws",
-            "tiled", "tiled-tma", "skinny-tma", "skinny-tma-ws", "skinny-tma-bal", "skinny-tma-bal-ws"]
+variants = ["fma", "fma-pref", "fma-pipe", "dot", "skinny", "skinny-bal", "tiled", "tiled-tma",
+            "skinny-tma", "skinny-tma-bal"]
 print(f"\n== which variant wins: best sweep us of each variant per case (gemv m<=8, gemm m>=16)  [{elapsed():.0f}s]")
 print(f"{'m':>3} {'n x k':>11} {'torch':>7} " + " ".join(f"{v:>10}" for v in variants))
 for (m, n, k), c in sorted(done.items()):
@@ -443,28 +433,6 @@ for model, (layers, split, merged) in MODELS.items():
             print(f"{model:12} {kind:6} m={m:<3} best {best:8.1f} us = {best / floor:.3f}x floor "
                   f"({tot(lambda c: c['bytes']) / best / 1e6:.2f} TB/s); torch {torch_us:8.1f}, default "
                   f"{dflt:8.1f}; vs torch: best x{torch_us / best:.3f}, default x{torch_us / dflt:.3f}")
-
-print("\n== WARP_SPEC twins: sweep us of each WARP_SPEC = 1 config over the same config without it "
-      "(< 1: the warp-specialised loop is faster)")
-twins = {}
-for c in RESULTS["cases"]:
-    timed = {json.dumps({**r["config"], "WARP_SPEC": 0}, sort_keys=True): r["us"]
-             for r in c["rows"] if r.get("us") and not int(r["config"].get("WARP_SPEC", 0))}
-    for r in c["rows"]:
-        if r.get("us") and int(r["config"].get("WARP_SPEC", 0)):
-            plain = timed.get(json.dumps({**r["config"], "WARP_SPEC": 0}, sort_keys=True))
-            if plain:
-                twins.setdefault(c["m"], []).append((r["us"] / plain, c, r))
-for m, pairs in sorted(twins.items()):
-    ratios = sorted(p[0] for p in pairs)
-    best = min(pairs, key=lambda p: p[0])
-    print(f"m={m:<3} {len(ratios):3} pairs: median {ratios[len(ratios) // 2]:.3f}, best {ratios[0]:.3f} "
-          f"({best[1]['n']}x{best[1]['k']} {short(best[2]['config'])}), worst {ratios[-1]:.3f}; "
-          f"faster (< 0.99) {sum(x < 0.99 for x in ratios)}, slower (> 1.01) {sum(x > 1.01 for x in ratios)}")
-wins = [c for c in done.values() if int(c["best"].get("WARP_SPEC", 0))]
-print(f"cases whose best config is warp-specialised: {len(wins)} of {len(done)}"
-      + "".join(f"\n  m={c['m']} {c['n']}x{c['k']}: {short(c['best'])} {c['best_us']:.2f} us, x{c['speedup']:.3f} torch"
-                for c in sorted(wins, key=lambda c: (c['m'], c['n'], c['k']))))
 
 missing = [f"m={m} {n}x{k}" for m, n, k, _ in CASES if (m, n, k) not in done]
 if missing:
