@@ -144,6 +144,26 @@ def test_vllm_pair_attention_row(vllm_pair):
                                           "kv_len": 1721, "head_dim": 64, "dtype": "bfloat16"}
 
 
+def test_vllm_pair_marks_only_the_calls_its_compiled_graphs_ran(vllm_pair):
+    """vLLM compiles the layers' linears into Inductor graphs (25 "## Call CompiledFxGraph"
+    ranges in the capture) and runs attention, a custom op, and the lm_head outside them: only
+    the linears' rows are traced_compiled, so rank times only their baseline compiled."""
+    from kernels import get_family
+    from tuner.spaces import with_row_measure_keys
+
+    result, df = vllm_pair
+    marked = {(r.op, int(r.m), int(r.n), int(r.k)): r.traced_compiled for r in df.itertuples()}
+    assert marked[("aten::addmm", 32, 5120, 2880)] == 1 and marked[("aten::addmm", 32, 2880, 4096)] == 1
+    assert marked[("aten::addmm", 32, 32, 2880)] == 1
+    assert pd.isna(marked[("aten::mm", 32, 201088, 2880)])   # the lm_head, eager after the graph
+    att = row(df, family="attention")
+    assert pd.isna(att.traced_compiled)
+    assert "baseline_compiled" not in with_row_measure_keys(
+        get_family("attention").shape_from_row(att), att)
+    assert any("72 of 97 calls ran inside Inductor's compiled graphs" in n and "25 ran eager" in n
+               for n in result.traces[0].notes)
+
+
 def test_vllm_pair_prints_the_joined_share(shared_traces, capsys, tmp_path):
     rc, out, err = run_cli(capsys, shared_traces / VLLM_REPLAY, "--capture",
                            shared_traces / VLLM_CAPTURE, "-o", tmp_path / "v.parquet",
@@ -360,7 +380,9 @@ def test_a_torch_compiled_steps_rows_say_so_and_an_eager_steps_do_not(tmp_path):
     table = result.table
     assert (table["traced_compiled"] == 1).all()
     assert result.traces[0].compiled_kernels == 1815
-    assert any("torch.compile'd step (1815 Inductor kernels)" in n for n in result.traces[0].notes)
+    # the whole step is one Inductor graph (one "## Call CompiledFxGraph" range in the capture)
+    assert any("1450 of 1450 calls ran inside Inductor's compiled graphs" in n
+               for n in result.traces[0].notes), result.traces[0].notes
     gemm = get_family("gemm")
     row = table[(table["family"] == "gemm") & (table["n"] == 12288)].iloc[0]
     shape = with_row_measure_keys(gemm.shape_from_row(row), row)
@@ -382,3 +404,21 @@ def test_a_torch_compiled_steps_rows_say_so_and_an_eager_steps_do_not(tmp_path):
     # the column survives a ShapeTable write and read
     back = shapetable.read(shapetable.write(table, tmp_path / "shapes.parquet"))
     assert (back["traced_compiled"] == 1).all()
+
+
+def test_a_compiled_trace_without_inductors_ranges_marks_every_row(tmp_path):
+    """Where the trace records Inductor's kernels but not the ranges of its graph calls (the
+    same compiled capture with them taken out, as an older torch writes it), harvest cannot tell
+    which calls a graph ran: every row is marked, and the note says why."""
+    capture = FIXTURES / "h200_qwen3_8b_compiled_b1_capture.pt.trace.json.gz"
+    replay = FIXTURES / "h200_qwen3_8b_compiled_b1_replay.pt.trace.json.gz"
+    data = json.loads(gzip.open(capture).read())
+    kept = [e for e in data["traceEvents"] if not str(e.get("name", "")).startswith("## Call CompiledFxGraph")]
+    assert len(kept) == len(data["traceEvents"]) - 1
+    data["traceEvents"] = kept
+    bare = tmp_path / "compiled_capture.pt.trace.json.gz"
+    bare.write_bytes(gzip.compress(json.dumps(data).encode()))
+    result = harvest.harvest([replay], capture=[bare], quiet=True)
+    assert (result.table["traced_compiled"] == 1).all()
+    assert any("1815 Inductor kernels, no record of which calls its graphs ran" in n
+               for n in result.traces[0].notes)

@@ -51,9 +51,9 @@ ATTENTION_COLUMNS: dict[str, str] = {
     "traced_kv_heads": "Int64",
 }
 
-# Optional columns of any row: traced_compiled = 1 when the call's trace is of a torch.compile'd
-# step (Inductor's kernels in it): rank then times the baseline compiled, as that step runs it;
-# written only when some trace was
+# Optional columns of any row: traced_compiled = 1 when an Inductor graph of a torch.compile'd
+# step ran the call (docs/harvest.md says how harvest tells): rank then times the baseline
+# compiled, as that step runs it; written only when some call was
 OPTIONAL_COLUMNS: dict[str, str] = {"traced_compiled": "Int64"}
 
 PHASES = ("prefill", "decode", "other")

@@ -7,6 +7,8 @@
 #   attention call (tuner harvest --kv-heads from the model's config; session 17a/17b used a
 #   helper script of the same rewrite) instead of the repeated-KV one the trace records;
 #   GPU_TESTS: pytest targets run first (marker gpu); RANK_ARGS: extra tuner rank flags;
+#   TRACE_COMPILE=1: trace the torch.compile'd step (tuner ab --trace-only --compile), so harvest
+#   marks its rows traced_compiled and rank times their baseline compiled without a flag;
 #   2. AB_EXPORTS="label:model:batch:export_dir ...": tuner ab --compile of saved exports.
 # Logs: $OUT/session.log, $OUT/abc_<model>-b<batch>.json/.md, $OUT/abx_<label>.json/.md,
 # $OUT/verdicts_attention_<model>-b<batch>.parquet/.md, $OUT/export_<model>-b<batch>/.
@@ -34,14 +36,16 @@ for item in ${ATTN:-}; do
   IFS=: read -r model batch base <<< "$item"
   D=$(mktemp -d /tmp/s16.XXXXXX); cfg=shapes/examples/models/$model.json; tag=$model-b$batch
   stamp "$tag: trace"
-  timeout 180 python3 -m tuner.cli ab --hf-config "$cfg" --batch "$batch" --trace-only -o "$D/trace" \
+  TRACE_FLAG=; [ "${TRACE_COMPILE:-0}" = 1 ] && TRACE_FLAG=--compile
+  timeout 180 python3 -m tuner.cli ab --hf-config "$cfg" --batch "$batch" --trace-only $TRACE_FLAG -o "$D/trace" \
     > "$D/trace.log" 2>&1; echo "trace rc=$?" | tee -a "$LOG"
   rep=$(ls "$D"/trace/*/traces/baseline_replay.pt.trace.json | head -n 1)
   cap=$(ls "$D"/trace/*/traces/baseline_capture.pt.trace.json | head -n 1)
   stamp "$tag: harvest"
   KV=""  # GROUPED=1: search the grouped call serving runs (head stacking), not the repeated one
   [ "${GROUPED:-0}" = 1 ] && KV="--kv-heads $(python3 -c "import json; c = json.load(open('$cfg')); print(c.get('num_key_value_heads') or c['num_attention_heads'])")"
-  timeout 120 python3 -m tuner.cli harvest "$rep" --capture "$cap" $KV -o "$D/shapes.parquet" 2>&1 | tail -n 10 | tee -a "$LOG"
+  timeout 120 python3 -m tuner.cli harvest "$rep" --capture "$cap" $KV -o "$D/shapes.parquet" 2>&1 | tail -n 14 | tee -a "$LOG"
+  cp "$D/shapes.parquet" "$OUT/shapes_$tag.parquet" 2>/dev/null
   stamp "$tag: search attention ${SEARCH_S}s"
   timeout $((SEARCH_S + 90)) python3 -m tuner.cli search "$D/shapes.parquet" --family attention --graph-captured \
     --timeout "${SEARCH_S}s" --storage "$D/studies.db" --no-progress --device $DEV > "$D/search.log" 2>&1

@@ -16,8 +16,8 @@ from .records import Call, Op, RawTrace, Step
 from .shapes import make_call
 from .steps import step_of
 
-__all__ = ["OpIndex", "index_ops", "call_owner", "select_calls", "GpuSplit", "ext_is_correlation",
-           "attribute_activities"]
+__all__ = ["OpIndex", "index_ops", "call_owner", "select_calls", "mark_compiled", "GpuSplit",
+           "ext_is_correlation", "attribute_activities"]
 
 
 @dataclass
@@ -121,6 +121,27 @@ def select_calls(ops: list[Op]) -> tuple[dict, int]:
         else:
             calls[i] = c
     return calls, unparsed
+
+
+def mark_compiled(calls: dict, ops: list[Op], regions: list) -> int:
+    """Set traced_compiled = 1 on each call whose op starts inside one of `regions` on its
+    thread ((tid, ts, end) of Inductor's compiled-graph calls, RawTrace.compiled_regions: they
+    do not nest); return how many calls that marks."""
+    spans: dict = {}
+    for tid, start, end in regions:
+        spans.setdefault(tid, []).append((start, end))
+    starts = {}
+    for tid, lst in spans.items():
+        lst.sort()
+        starts[tid] = [start for start, _ in lst]
+    marked = 0
+    for i, call in calls.items():
+        op = ops[i]
+        j = bisect.bisect_right(starts.get(op.tid, []), op.ts) - 1
+        if j >= 0 and op.ts <= spans[op.tid][j][1]:
+            call.traced_compiled = 1
+            marked += 1
+    return marked
 
 
 @dataclass

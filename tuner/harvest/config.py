@@ -12,7 +12,7 @@ __all__ = [
     "Dialect", "KINETO", "KINETO_2021", "DIALECTS", "CATEGORY_KINDS",
     "GEMM_CORE", "GEMM_WRAPPERS", "GEMM_OPS", "LINEAR_OPS", "ATTN_BHLD", "ATTN_BLHD",
     "ATTN_NAME_RE",
-    "INDUCTOR_KERNEL_RE",
+    "INDUCTOR_KERNEL_RE", "COMPILED_REGION_PREFIX",
     "StepMarker", "STEP_MARKERS", "PHASE_WORDS", "ANNOTATION_PREFIXES",
     "DTYPES", "TRACE_SUFFIXES", "RANK_RE", "GPU_NAME_RE", "LAUNCH_BOUND", "UNATTRIBUTED_WARN",
 ]
@@ -105,6 +105,12 @@ ATTN_NAME_RE = re.compile(r"attn|attention|_vllm_fa\d|mha_(?:varlen_)?fwd|paged_
 # _to_copy_..._rsqrt..." is a fused elementwise kernel (rotary, norm, casts) next to an attention
 # call, not one. They are never a GEMM or attention call (their time counts as other kernels).
 INDUCTOR_KERNEL_RE = re.compile(r"^triton_(?:poi|per|red|tem|for|spl|unk)_|^cpp_fused_")
+# The range Inductor records around each call of a compiled graph (torch/_inductor/output_code.py,
+# CompiledFxGraph.__call__, while a profiler runs; a user_annotation, or an op in older dialects).
+# The GEMM and attention ops inside one are the compiled graph's (its extern mm, its SDPA); ops
+# outside ran eager, such as a server's attention custom op between vLLM's piecewise graphs.
+# Dynamo's "Torch-Compiled Region: F/N" range is not used: it also encloses graph-break code.
+COMPILED_REGION_PREFIX = "## Call CompiledFxGraph "
 
 
 # ------------------------------------------------------------------------------------ step markers

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import TunerError
-from .attribution import call_owner, index_ops, select_calls
+from .attribution import call_owner, index_ops, mark_compiled, select_calls
 from .reading import read_events, read_header
 from .records import Call, RawTrace
 
@@ -77,6 +77,7 @@ class CapturedGraph:
     launches: list            # CapturedLaunch, in launch order
     calls: list               # the captured calls, in order (also those that launched nothing)
     batch: int | None         # the most common GEMM m of its calls: the batch it was captured at
+    compiled_regions: int = 0  # Inductor graph-call ranges in its capture trace (calls marked)
 
     def signature(self) -> tuple:
         """What makes two graphs the same for the join: launches and the calls' shapes."""
@@ -160,6 +161,7 @@ def graphs_of_capture(path: Path, raw: RawTrace) -> list[CapturedGraph]:
         return []
     index = index_ops(raw.ops)
     calls, _unparsed = select_calls(raw.ops)
+    mark_compiled(calls, raw.ops, raw.compiled_regions)
     call_at = {i: c for i, c in calls.items()}
     launches_by_tid: dict = {}
     for corr, (tid, ts, ext, api) in raw.runtimes.items():
@@ -184,7 +186,8 @@ def graphs_of_capture(path: Path, raw: RawTrace) -> list[CapturedGraph]:
         window_calls.sort(key=lambda c: c.ts)
         ms = Counter(c.m for c in window_calls if c.family == "gemm" and c.batch == 1)
         graphs.append(CapturedGraph(path.name, _window_label(raw, tid, start, end, i), launches,
-                                    window_calls, ms.most_common(1)[0][0] if ms else None))
+                                    window_calls, ms.most_common(1)[0][0] if ms else None,
+                                    len(raw.compiled_regions)))
     return graphs
 
 

@@ -286,6 +286,7 @@ class _Sink:
         self.launch_kernels: dict = {}    # correlation -> kernel name a launch records (ROCm)
         self.device_labels: list = []     # GPU process names/labels from metadata events
         self.capture_labels: list = []    # annotations naming a graph capture
+        self.compiled_regions: list = []  # (tid, ts, end) of Inductor's compiled-graph calls
         self.dialects: set = set()
         self.malformed: dict = {}         # what was wrong -> how many events
         self.repeated_launches = 0        # runtime events recorded twice (same id, thread, time)
@@ -307,7 +308,7 @@ class _Sink:
                         backend, self.device_ids, launch_kernels=self.launch_kernels,
                         device_labels=self.device_labels, capture_labels=self.capture_labels,
                         dialects=sorted(self.dialects),
-                        malformed=dict(self.malformed))
+                        malformed=dict(self.malformed), compiled_regions=self.compiled_regions)
 
 
 def _arg(args: dict, keys: tuple):
@@ -349,6 +350,9 @@ def _keep_op(e: dict, dialect: config.Dialect, s: _Sink) -> None:
     if dialect.steps_in_ops and (name.startswith(config.ANNOTATION_PREFIXES)
                                  or name.lower() in config.PHASE_WORDS):
         s.annotations.append((name, _tid(e.get("tid")), ts, ts + dur))
+        return
+    if name.startswith(config.COMPILED_REGION_PREFIX):
+        s.compiled_regions.append((_tid(e.get("tid")), ts, ts + dur))
         return
     s.n_cpu += 1
     if ts < s.first_ts:
@@ -429,6 +433,12 @@ def _keep_annotation(e: dict, dialect: config.Dialect, s: _Sink) -> None:
         dur = 0.0
     name = _name(e, s)
     if name is None:
+        return
+    if name.startswith(config.COMPILED_REGION_PREFIX):
+        if _time(ts) and _duration(dur):
+            s.compiled_regions.append((_tid(e.get("tid")), ts, ts + dur))
+        else:
+            s.bad("ts or dur missing, not a number or negative")
         return
     lower = name.lower()
     step_or_phase = name.startswith(config.ANNOTATION_PREFIXES) or lower in config.PHASE_WORDS

@@ -42,7 +42,7 @@ class Call:
     kv_len: int | None = None
     head_dim: int | None = None
     traced_kv_heads: int | None = None   # harvest --kv-heads: the repeated cache's KV heads
-    traced_compiled: int | None = None   # 1: the trace is of a torch.compile'd step
+    traced_compiled: int | None = None   # 1: ran inside a torch.compile'd (Inductor) graph
     tokens: int | None = None     # varlen attention: query tokens of all requests (q's dim 0)
     gpu_us: float = 0.0
     n_kernels: int = 0
@@ -93,6 +93,7 @@ class RawTrace:
     capture_labels: list = field(default_factory=list)   # (name, tid, ts, end): *capture* labels
     dialects: list = field(default_factory=list)         # names of the dialects seen
     malformed: dict = field(default_factory=dict)        # what was wrong -> events skipped
+    compiled_regions: list = field(default_factory=list)  # (tid, ts, end): Inductor graph calls
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import TunerError
 from . import config
-from .attribution import attribute_activities, index_ops, select_calls
+from .attribution import attribute_activities, index_ops, mark_compiled, select_calls
 from .files import trace_rank
 from .graphs import capture_windows, graph_launches, join_replay
 from .reading import read_events, read_header
@@ -52,6 +52,30 @@ def compiled_kernels(raw: RawTrace) -> int:
     triton_red_ / ... names, config.INDUCTOR_KERNEL_RE): a torch.compile'd step has hundreds."""
     names = [a[4] for a in raw.activities] or list(raw.launch_kernels.values())
     return sum(1 for name in names if config.INDUCTOR_KERNEL_RE.match(str(name)))
+
+
+def _mark_compiled_calls(raw: RawTrace, call_of_op: dict, graphs: list, calls: list,
+                         compiled: int, notes: list) -> None:
+    """traced_compiled = 1 on the calls a torch.compile'd graph ran: per call where Inductor's
+    graph-call ranges are in the trace (or in the captures joined with it), else, when Inductor's
+    kernels are, on every call of the trace (older torch records no such range)."""
+    regions = len(raw.compiled_regions) + sum(g.compiled_regions for g in graphs)
+    mark_compiled(call_of_op, raw.ops, raw.compiled_regions)  # captured calls: graphs_of_capture
+    if regions:
+        inside = sum(1 for c in calls if c.traced_compiled == 1)
+        eager = len(calls) - inside
+        if inside:
+            notes.append(f"a torch.compile'd step: {inside} of {len(calls)} calls ran inside "
+                         "Inductor's compiled graphs; their rows say so (traced_compiled) and "
+                         "rank times their baseline compiled"
+                         + (f"; {eager} ran eager outside them" if eager else ""))
+        return
+    if compiled:
+        for c in calls:
+            c.traced_compiled = 1
+        notes.append(f"a torch.compile'd step ({compiled} Inductor kernels, no record of which "
+                     "calls its graphs ran): every row says so (traced_compiled), and rank times "
+                     "their baseline compiled")
 
 
 def _check_raw(path: Path, raw: RawTrace, notes: list, joining: bool) -> None:
@@ -161,11 +185,7 @@ def _read_trace(path: Path, steps: int | None, graphs: list, device_name: str | 
                      "where the dims do not give it")
 
     compiled = compiled_kernels(raw)
-    if compiled:
-        for c in calls:
-            c.traced_compiled = 1
-        notes.append(f"a torch.compile'd step ({compiled} Inductor kernels): its rows say so "
-                     "(traced_compiled), and rank times their baseline compiled")
+    _mark_compiled_calls(raw, call_of_op, graphs, calls, compiled, notes)
 
     rank = trace_rank(path) if config.RANK_RE.search(path.name) else (
         (header.get("distributedInfo") or {}).get("rank"))
