@@ -84,6 +84,14 @@ def _gemv(shape: dict, sms: int) -> list[dict]:
         if splittable:
             configs += [{**c, "SPLIT_K": s} for s in
                         split_counts(cdiv(n, c["ROWS_PER_BLOCK"]), k, c["BLOCK_K"], 2, sms)]
+    if n <= 4096 and k >= 8192:
+        # the long-k, narrow-n down projections (4096 x 12288 / 14336): 64-row tiles give 64
+        # programs, a K split of 4 two waves; a split of 2 (one wave) of the two skinny configs
+        # that win there unsplit (session 20 experiment: the m = 4-8 down projections stood at
+        # 87-90% of the measured bandwidth, the other >= 64 MB shapes at 93-99%)
+        configs += [{**dot(64, 256, 4, 4, 2), "SPLIT_K": 2},
+                    {**dot(64, 128, 4, 6, 2), "SPLIT_K": 2},
+                    {**dot(64, 128, 4, 4, 2), "SPLIT_K": 2}]
     return configs
 
 

@@ -127,6 +127,13 @@ def test_gpu_measure_profile(tmp_path):
     assert 1e11 < profile.read_bandwidth_bytes_per_s < 2e13
     assert 1e13 < profile.bf16_matmul_flops_per_s < 1e16
     assert profile.l2_bytes > 0 and profile.multiprocessors > 0
+    # the read curve: every size read by some reader, and the read latency a line under all of it
+    points = profile.notes["read_curve"]["points"]
+    assert len(points) >= 5 and all(p["us"] > 0 and p["reader"] for p in points)
+    bw = profile.read_bandwidth_bytes_per_s
+    assert 0 < profile.read_latency_us < 20
+    assert all(profile.read_latency_us + p["bytes"] / bw * 1e6 <= p["us"] * (1 + 1e-9)
+               for p in points)
     print(device.describe(profile))
 
 

@@ -3,7 +3,9 @@
 For every ShapeTable row and a DeviceProfile this module computes
 
 - the bytes a call must move (each input read once, the output written once) and its flops;
-- the physical floor of one call: max(bytes / read bandwidth, flops / matmul rate), in µs;
+- the physical floor of one call: max(read latency + bytes / read bandwidth, flops / matmul
+  rate), in µs (the read latency: the device profile's measured fixed cost of a reading
+  kernel, tuner.ceilings; 0 in profiles without it);
 - the baseline µs per call (the trace's `us_per_call`, or a re-measurement with `--measure`);
 - the headroom: the most any kernel could save, per call (baseline − floor, clipped at 0), per
   step (× calls_per_step × hit_rate) and as a share of the step time;
@@ -112,8 +114,11 @@ def bytes_and_flops(row) -> tuple[float, float, str]:
 
 
 def floor_us(nbytes: float, nflops: float, dtype: str, profile: DeviceProfile) -> float:
-    """Physical floor of one call in µs: max(bytes / bandwidth, flops / matmul rate)."""
-    memory_us = nbytes / profile.read_bandwidth_bytes_per_s * 1e6
+    """Physical floor of one call in µs: max(read latency + bytes / bandwidth, flops / matmul
+    rate). The read latency is the profile's measured fixed cost of a kernel that reads device
+    memory (tuner.ceilings; 0 where not measured)."""
+    latency = float(getattr(profile, "read_latency_us", 0.0) or 0.0)
+    memory_us = latency + nbytes / profile.read_bandwidth_bytes_per_s * 1e6
     if dtype_name(dtype) in COMPUTE_FLOOR_DTYPES:
         return max(memory_us, nflops / profile.bf16_matmul_flops_per_s * 1e6)
     return memory_us

@@ -45,6 +45,11 @@ class DeviceProfile:
     # The fixed cost of one kernel inside a CUDA/HIP graph (launch, the smallest execution and
     # the gap to the next kernel): no call of a kernel can take less. 0: not measured.
     kernel_floor_us: float = 0.0
+    # The read latency: the fixed cost of one kernel that reads from device memory (launch in a
+    # graph, first bytes from HBM, ramp and tail), from the read curve (tuner.ceilings): no
+    # measured reader read N bytes in less than read_latency_us + N / read bandwidth. 0: not
+    # measured (profiles written before it, spec profiles).
+    read_latency_us: float = 0.0
 
     @property
     def key(self) -> str:
@@ -397,8 +402,9 @@ def measure_kernel_floor(kernels: int = 400, repeats: int = 20) -> dict:
 
 
 def measure(device: int | None = None, buffer_bytes: int = 4 << 30,
-            matmul_size: int = 8192) -> DeviceProfile:
-    """Detect the visible GPU and measure its read bandwidth and bf16 matmul rate."""
+            matmul_size: int = 8192, progress=None) -> DeviceProfile:
+    """Detect the visible GPU and measure its read bandwidth, read curve (the read latency),
+    bf16 matmul rate and kernel floor; `progress(text)` hears of each step."""
     import datetime
 
     torch = _require_gpu()
@@ -406,7 +412,17 @@ def measure(device: int | None = None, buffer_bytes: int = 4 << 30,
         torch.cuda.set_device(int(device))
     fields = detect(device)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    from . import ceilings
+
+    say = progress or (lambda text: None)
+    say(f"read bandwidth: streaming {buffer_bytes / 2**30:.1f} GiB")
     bandwidth = measure_read_bandwidth(buffer_bytes)
+    curve = ceilings.measure_read_curve(progress=lambda p: say(
+        f"read curve: {p['bytes'] / 2**20:.0f} MiB in {p['us']:.2f} us ({p['reader']})"))
+    read_bw = bandwidth["bytes_per_s"]
+    latency = ceilings.fit(curve["points"], read_bw)
+    curve["latency_us"] = latency
+    say(f"bf16 matmul rate: {matmul_size}^3")
     matmul = measure_matmul_rate(matmul_size)
     floor = measure_kernel_floor()
     info = versions()
@@ -419,8 +435,10 @@ def measure(device: int | None = None, buffer_bytes: int = 4 << 30,
         source="measured",
         versions=info,
         measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        notes={"read_bandwidth": bandwidth, "matmul": matmul, "kernel_floor": floor},
+        notes={"read_bandwidth": bandwidth, "read_curve": curve, "matmul": matmul,
+               "kernel_floor": floor},
         kernel_floor_us=floor["us"],
+        read_latency_us=latency,
     )
 
 
@@ -445,7 +463,17 @@ def describe(profile: DeviceProfile) -> str:
         f"matmul     {profile.bf16_matmul_flops_per_s / 1e12:.1f} TFLOP/s bf16 ({profile.source})",
         f"kernel     {profile.kernel_floor_us:.2f} us per kernel inside a graph ({profile.source})"
         if profile.kernel_floor_us else "kernel     floor per kernel not measured",
+        f"latency    {profile.read_latency_us:.2f} us a read kernel: no measured kernel read N bytes "
+        f"in under {profile.read_latency_us:.2f} us + N / bandwidth"
+        if profile.read_latency_us else "latency    read latency not measured (the floor is bytes / "
+        "bandwidth)",
     ]
+    points = ((profile.notes or {}).get("read_curve") or {}).get("points") or []
+    if points and profile.read_bandwidth_bytes_per_s:
+        bw = profile.read_bandwidth_bytes_per_s
+        lines.append("read curve " + ", ".join(
+            f"{p['bytes'] / 2**20:.0f} MiB {p['us']:.1f} us ({100 * p['bytes'] / (p['us'] * 1e-6) / bw:.0f}%)"
+            for p in points if isinstance(p.get("us"), (int, float)) and p["us"] == p["us"]))
     rb = (profile.notes or {}).get("read_bandwidth") or {}
     if {"triton_stream_bytes_per_s", "torch_sum_bytes_per_s", "buffer_bytes"} <= set(rb):
         lines.append(f"           triton stream {rb['triton_stream_bytes_per_s'] / 1e12:.3f} TB/s, "

@@ -22,7 +22,10 @@
 #      graph replays, cold L2, 5x5); the best (accuracy gate) and the default then paired against
 #      torch (tuner.bench.compare, 10 groups, 95% interval); a graph-safety check of the best
 #      (captured, inputs overwritten in place, replayed: must equal an eager run on the new data).
-#   3. tables last: per case (TB/s, % of measured bandwidth, speedup [95% CI], parity, winner),
+#   0b. the read ceiling of every weight (tuner.ceilings: the fastest read-only kernel on the same
+#      bytes, cold, graph replays): what one kernel can reach at that size, beside the 2 GiB
+#      stream's bandwidth;
+#   3. tables last: per case (TB/s, % of measured bandwidth and of the read ceiling, speedup [95% CI], parity, winner),
 #      the best time of each variant per case (which variant wins), and per model the decode step
 #      of its linears (sum over layers) against bytes / bandwidth and torch.
 # KERNELS15_SET=8b (default) | 27b (Gemma-3-27B-shaped linears, 5376 hidden) | all picks the shapes;
@@ -226,6 +229,39 @@ RESULTS["bandwidth"] = read_bandwidth()
 BW = RESULTS["bandwidth"] or float("nan")
 
 
+def read_ceilings() -> dict:
+    """{weight bytes: µs}: the read curve (tuner.ceilings: the fastest of a few read-only kernels,
+    cold, graph replays) at the byte count of every weight of the cases: the most one kernel
+    reading that weight can do here, now (the bandwidth above is a stream over 2 GiB)."""
+    if SMOKE:
+        return {}
+    from tuner import ceilings
+
+    sizes = sorted({n * k * 2 for n, k, _ in NK})
+    try:
+        points = ceilings.measure_read_curve(sizes)["points"]
+    except Exception as exc:  # noqa: BLE001
+        say(f"read curve failed: {reason(exc)}")
+        return {}
+    RESULTS["read_curve"] = points
+    say("read curve (fastest reader a size): " + ", ".join(
+        f"{p['bytes'] / 2**20:.0f} MiB {p['us']:.2f} us ({100 * p['bytes'] / (p['us'] * 1e-6) / BW:.0f}%)"
+        for p in points))
+    return {size: p["us"] for size, p in zip(sizes, points) if p["us"] == p["us"]}
+
+
+CEILINGS = read_ceilings()
+
+
+def ceiling_us(n: int, k: int, nbytes: int) -> float:
+    """The read ceiling of a case: its weight's measured read time, plus its other bytes
+    (activations, output) at the measured bandwidth; NaN where the curve has no such weight."""
+    weight = n * k * 2
+    if weight not in CEILINGS:
+        return float("nan")
+    return CEILINGS[weight] + (nbytes - weight) / BW * 1e6
+
+
 # ----------------------------------------------------------------------- compile everything
 def precompile(jobs) -> dict:
     """{(family, shape_key, config_json): failure reason} after compiling every kernel of every
@@ -376,9 +412,12 @@ def run_case(m, n, k, tag):
     case["best_tbps"] = case["bytes"] / case["best_us"] / 1e6
     case["torch_tbps"] = case["bytes"] / case["torch_us"] / 1e6
     case["best_pct_bw"] = 100 * case["bytes"] / (case["best_us"] * 1e-6) / BW
+    case["ceiling_us"] = ceiling_us(n, k, case["bytes"])
+    case["best_pct_ceiling"] = 100 * case["ceiling_us"] / case["best_us"]
     f = best["facts"]
     say(f"   BEST {best['variant']} {short(best['config'])}: {case['best_us']:.2f} us vs torch {case['torch_us']:.2f} "
-        f"({case['best_tbps']:.2f} TB/s, {case['best_pct_bw']:.0f}% of bw): x{case['speedup']:.3f} "
+        f"({case['best_tbps']:.2f} TB/s, {case['best_pct_bw']:.0f}% of bw, {case['best_pct_ceiling']:.0f}% "
+        f"of the read ceiling {case['ceiling_us']:.2f} us): x{case['speedup']:.3f} "
         f"[{case['low']:.3f}, {case['high']:.3f}]; default x{case.get('default_speedup', float('nan')):.3f}; "
         f"bitwise=torch {f['bitwise_vs_baseline']}, =default {f['bitwise_vs_default']}, "
         f"err {f['error_vs_reference']:.2e} (torch {f['baseline_error_vs_reference']:.2e}); graph {case['graph']}")
@@ -411,15 +450,19 @@ for (m, n, k), c in sorted(done.items()):
 print(f"\n== per case (paired vs torch, cold L2, bf16; measured read bw {BW / 1e12:.3f} TB/s, at the end "
       f"{(RESULTS['bandwidth_end'] or float('nan')) / 1e12:.3f}); parity: T = bitwise torch, D = default's class, "
       f"e = error / torch's; graph: replay after in-place input change")
-print(f"{'m':>3} {'n x k':>11} {'torch us':>8} {'best us':>8} {'TB/s':>5} {'%bw':>4} {'best x [95% CI]':>22} "
+print("%ceil: the read ceiling's time (the fastest read-only kernel on the same weight bytes, cold, "
+      "graph replays; tuner.ceilings) over the best config's: what one kernel can reach at that size")
+print(f"{'m':>3} {'n x k':>11} {'torch us':>8} {'best us':>8} {'TB/s':>5} {'%bw':>4} {'%ceil':>5} {'best x [95% CI]':>22} "
       f"{'dflt x':>6} {'par':>9} {'graph':>5}  winner")
 for (m, n, k), c in sorted(done.items()):
     f = c["best_facts"]
     par = f"{'T' if f['bitwise_vs_baseline'] else '-'}{'D' if f['bitwise_vs_default'] else '-'} e{f['error_ratio']:.2f}"
     print(f"{m:3} {f'{n}x{k}':>11} {c['torch_us']:8.2f} {c['best_us']:8.2f} {c['best_tbps']:5.2f} {c['best_pct_bw']:4.0f} "
+          f"{c.get('best_pct_ceiling', float('nan')):5.0f} "
           f"{c['speedup']:6.3f} [{c['low']:.3f},{c['high']:.3f}] {c.get('default_speedup', float('nan')):6.3f} "
           f"{par:>9} {c['graph'][:5]:>5}  {c['best_variant']}:{short(c['best'])}")
-print("\n== per model: decode-step linears (layers x calls), sum of times; floor = bytes / measured bandwidth")
+print("\n== per model: decode-step linears (layers x calls), sum of times; floor = bytes / measured bandwidth; "
+      "read ceiling = the sum of the cases' read ceilings")
 for model, (layers, split, merged) in MODELS.items():
     for kind, linears in (("split", split), ("merged", merged)):
         for m in sorted({c[0] for c in done}):
@@ -430,7 +473,9 @@ for model, (layers, split, merged) in MODELS.items():
             best, torch_us, dflt = tot(lambda c: c["best_us"]), tot(lambda c: c["torch_us"]), \
                 tot(lambda c: c.get("default_us") or float("nan"))
             floor = tot(lambda c: c["bytes"] / BW * 1e6)
-            print(f"{model:12} {kind:6} m={m:<3} best {best:8.1f} us = {best / floor:.3f}x floor "
+            ceil = tot(lambda c: c.get("ceiling_us", float("nan")))
+            print(f"{model:12} {kind:6} m={m:<3} best {best:8.1f} us = {best / floor:.3f}x floor, "
+                  f"{best / ceil:.3f}x read ceiling "
                   f"({tot(lambda c: c['bytes']) / best / 1e6:.2f} TB/s); torch {torch_us:8.1f}, default "
                   f"{dflt:8.1f}; vs torch: best x{torch_us / best:.3f}, default x{torch_us / dflt:.3f}")
 

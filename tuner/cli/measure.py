@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..errors import TunerError
 from ..units import parse_positive, parse_share, parse_threshold
@@ -130,7 +131,9 @@ def _add_device(sub) -> None:
 def cmd_device(args) -> int:
     from .. import device
 
-    profile = device.measure(buffer_bytes=int(args.buffer_gib * 2**30))
+    profile = device.measure(buffer_bytes=int(args.buffer_gib * 2**30),
+                             progress=lambda text: print(f"tuner device: {text}", file=sys.stderr,
+                                                         flush=True))
     path = device.save_profile(profile, args.out or device.DEVICES_DIR)
     if args.json:
         print(profile.to_json())

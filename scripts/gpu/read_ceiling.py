@@ -1,0 +1,183 @@
+"""Issue 15: how fast can one kernel read N bytes, at the sizes decode weights have? (H200, ~2 min)
+
+    PYTHONPATH=$PWD python3 scripts/gpu/read_ceiling.py        (log: $OUT/read_ceiling.log)
+
+The issue's bar is "≥ 95% of the measured read bandwidth" for every ≥ 64 MB decode linear at
+m = 1..8, where the bandwidth is `tuner device`'s: a stream over gigabytes. A 100 MB weight is read
+in ~25 µs, where a kernel's fixed cost (graph launch, first bytes from HBM, ramp, tail) is not
+negligible. This measures that ceiling directly, with the kernels' own protocol (tuner.bench:
+CUDA-graph replays, median of group medians, buffers rotated past 2 x L2):
+
+1. the read curve (tuner.ceilings, every reader) at the byte counts of the 8B- and 27B-class
+   decode weights and at 2 MiB .. 2 GiB, cold; the fit latency + bytes / bandwidth under it;
+2. the same readers on one warm buffer of 2-48 MiB (reads from L2): the L2 read rate as the
+   slope between sizes;
+3. a broadcast read: every program reads one of a few chunks of a 1-2 MiB buffer, as the skinny
+   GEMM's programs all read the activation tile at m = 64-256: the L2 rate of that pattern.
+
+Tables last; a RESULTS-JSON line holds every number. CPU check (interpreter, tiny sizes, numbers
+meaningless): READ_CEILING_SMOKE=1 python3 scripts/gpu/read_ceiling.py
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+SMOKE = os.environ.get("READ_CEILING_SMOKE") == "1"
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from tuner import bench, ceilings  # noqa: E402
+from tuner.device import measure_read_bandwidth  # noqa: E402
+
+START = time.time()
+OUT = os.environ.get("OUT", "/tmp/out")
+os.makedirs(OUT, exist_ok=True)
+LOG = open(os.path.join(OUT, "read_ceiling.log"), "a")
+DEVICE = "cpu" if SMOKE else "cuda"
+TIMING = dict(groups=1, replays=1, target_graph_us=1.0) if SMOKE else dict(groups=5, replays=5)
+RESULTS: dict = {}
+
+
+def say(*args):
+    line = f"[{time.time() - START:6.1f}s] " + " ".join(str(a) for a in args)
+    print(line, flush=True)
+    LOG.write(line + "\n")
+    LOG.flush()
+
+
+MiB = 1 << 20
+WEIGHTS = {  # n x k bf16 weights of the decode linears (tags as in kernels15.sh)
+    "kv 1024x4096": 1024 * 4096 * 2, "Gkv 2048x5376": 2048 * 5376 * 2,
+    "q/o 4096x4096": 4096 * 4096 * 2, "Gq/Go 4096x5376": 4096 * 5376 * 2,
+    "qkv 6144x4096": 6144 * 4096 * 2, "Gqkv 8192x5376": 8192 * 5376 * 2,
+    "Qgate/down 12288x4096": 12288 * 4096 * 2, "Lgate/down 14336x4096": 14336 * 4096 * 2,
+    "Qgate_up 24576x4096": 24576 * 4096 * 2, "Ggate/down 21504x5376": 21504 * 5376 * 2,
+    "Lgate_up 28672x4096": 28672 * 4096 * 2, "Ggate_up 43008x5376": 43008 * 5376 * 2,
+}
+EXTRA = {"2 MiB": 2 * MiB, "4 MiB": 4 * MiB, "512 MiB": 512 * MiB, "1 GiB": 1024 * MiB,
+         "2 GiB": 2048 * MiB}
+L2_SIZES = [2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB, 24 * MiB, 32 * MiB, 48 * MiB]
+if SMOKE:
+    WEIGHTS, EXTRA, L2_SIZES = {"tiny": 512 << 10}, {"tinier": 256 << 10}, [256 << 10, 512 << 10]
+
+
+def bandwidth() -> float:
+    if SMOKE:
+        return 1e9
+    bw = measure_read_bandwidth(2 << 30)
+    say(f"measured read bandwidth {bw['bytes_per_s'] / 1e12:.3f} TB/s (triton stream "
+        f"{bw['triton_stream_bytes_per_s'] / 1e12:.3f}; 2 GiB, as kernels15.sh)")
+    return bw["bytes_per_s"]
+
+
+def curve(sizes: dict, cache: str) -> list[dict]:
+    points = ceilings.measure_read_curve(  # the smoke run reads one buffer (the interpreter)
+        list(sizes.values()), device=DEVICE, cache="warm" if SMOKE else cache, **TIMING,
+        progress=lambda p: say(f"   {cache} {p['bytes'] / MiB:8.1f} MiB  best {p['reader']} "
+                               f"{p['us']:.2f} us  ({p['bytes'] / p['us'] / 1e6:.2f} TB/s)"))["points"]
+    for tag, p in zip(sizes, points):
+        p["tag"] = tag
+    return points
+
+
+def least_squares(points: list[dict]) -> tuple[float, float]:
+    """(intercept µs, bytes/s) of the line through (bytes, µs)."""
+    xs = [p["bytes"] for p in points]
+    ys = [p["us"] for p in points]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else math.nan
+    return my - slope * mx, (1e6 / slope if slope and slope > 0 else math.nan)
+
+
+@triton.jit
+def broadcast_read(src, dst, CHUNKS: tl.constexpr, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+    """Program p sums chunk p % CHUNKS (STEPS x BLOCK int32) of a small buffer: many programs
+    read the same bytes, as the skinny GEMM's programs all read the activation tile."""
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.int32)
+    base = src + (pid % CHUNKS) * BLOCK * STEPS
+    for i in tl.static_range(STEPS):
+        acc += tl.load(base + i * BLOCK + offs)
+    tl.store(dst + pid, tl.sum(acc, axis=0))
+
+
+def broadcast(chunks: int, programs: int) -> dict:
+    block, steps = (256, 4) if SMOKE else (4096, 16)
+    buf = torch.randint(-1000, 1000, (chunks * block * steps,), dtype=torch.int32, device=DEVICE)
+    dst = torch.empty(programs, dtype=torch.int32, device=DEVICE)
+
+    def fn(inputs):
+        broadcast_read[(programs,)](inputs["buf"], dst, CHUNKS=chunks, BLOCK=block, STEPS=steps,
+                                    num_warps=8)
+
+    t = bench.time_callable(fn, [{"buf": buf}], cache="warm", **TIMING)
+    nbytes = programs * block * steps * 4
+    row = {"buffer_bytes": buf.numel() * 4, "programs": programs, "bytes_read": nbytes,
+           "us": t.median_us, "tbps": nbytes / t.median_us / 1e6}
+    say(f"   broadcast {row['buffer_bytes'] / MiB:.1f} MiB buffer, {programs} programs: "
+        f"{row['us']:.2f} us, {row['tbps']:.2f} TB/s")
+    return row
+
+
+def main():
+    if not SMOKE:
+        props = torch.cuda.get_device_properties(0)
+        say(f"device {props.name}  SMs {props.multi_processor_count}  L2 {bench.l2_bytes() / MiB:.0f} MiB  "
+            f"torch {torch.__version__}  triton {triton.__version__}")
+    RESULTS["bandwidth"] = bw = bandwidth()
+    say("1. the read curve, cold (buffers rotated past 2 x L2)")
+    cold = curve({**WEIGHTS, **EXTRA}, "cold")
+    RESULTS["cold"] = cold
+    RESULTS["bandwidth_end"] = bw_end = bandwidth()
+    say("2. the read curve, warm (one buffer: L2 where it fits)")
+    warm = curve({f"{s / MiB:g} MiB": s for s in L2_SIZES}, "warm")
+    RESULTS["warm"] = warm
+    say("3. broadcast reads (many programs, the same bytes)")
+    sms = 4 if SMOKE else torch.cuda.get_device_properties(0).multi_processor_count
+    RESULTS["broadcast"] = [broadcast(c, p * sms) for c, p in ((4, 4), (4, 8), (8, 8))]
+
+    print("\nRESULTS-JSON " + json.dumps(RESULTS, default=str))
+    best_bw = max(bw, bw_end)
+    latency = ceilings.fit(cold, best_bw)
+    big = [p for p in cold if p["bytes"] >= 32 * MiB]
+    t0, slope_bw = least_squares(big) if len(big) >= 2 else (math.nan, math.nan)
+    readers = list(ceilings.READERS)
+    print(f"\n== the read curve, cold: µs of each reader; best as % of the measured bandwidth "
+          f"({bw / 1e12:.3f} TB/s at the start, {bw_end / 1e12:.3f} at the end; % of the higher)")
+    print(f"{'size':>24} {'MiB':>7} " + " ".join(f"{r[:14]:>14}" for r in readers)
+          + f" {'best us':>8} {'TB/s':>5} {'%bw':>5}")
+    for p in cold:
+        cells = [f"{p['readers'][r]:14.2f}" if isinstance(p['readers'].get(r), float) else f"{'fail':>14}"
+                 for r in readers]
+        print(f"{p['tag']:>24} {p['bytes'] / MiB:7.1f} " + " ".join(cells)
+              + f" {p['us']:8.2f} {p['bytes'] / p['us'] / 1e6:5.2f} {100 * p['bytes'] / p['us'] / 1e6 / (best_bw / 1e12):5.1f}")
+    print(f"\nread latency under the curve (tuner.ceilings.fit at {best_bw / 1e12:.3f} TB/s): "
+          f"{latency:.2f} us; least squares over >= 32 MiB: {t0:.2f} us + bytes / "
+          f"{slope_bw / 1e12:.3f} TB/s")
+    print("what 95% of the measured bandwidth asks of one kernel, against the best reader:")
+    for p in cold:
+        if p["tag"] in WEIGHTS and p["bytes"] >= 64e6:
+            need = p["bytes"] / (0.95 * best_bw) * 1e6
+            print(f"   {p['tag']:>24}: 95% = {need:6.2f} us; best reader {p['us']:6.2f} us "
+                  f"({'reachable' if p['us'] <= need else 'NOT reached by a pure read'})")
+    w0, l2_bw = least_squares([p for p in warm if p["bytes"] <= 32 * MiB]) if len(warm) >= 2 else (math.nan, math.nan)
+    warm_text = ", ".join(f"{p['tag']} {p['us']:.2f} us" for p in warm)
+    print(f"\n== warm (L2) reads: {warm_text}")
+    print(f"   L2 read rate (slope, <= 32 MiB): {l2_bw / 1e12:.2f} TB/s, intercept {w0:.2f} us")
+    for row in RESULTS["broadcast"]:
+        print(f"   broadcast: {row['buffer_bytes'] / MiB:.0f} MiB read by {row['programs']} programs: "
+              f"{row['tbps']:.2f} TB/s ({row['us']:.2f} us for {row['bytes_read'] / MiB:.0f} MiB)")
+
+
+main()

@@ -1,0 +1,205 @@
+"""The read curve: how fast one kernel can read N bytes from device memory, by size.
+
+`tuner device`'s read bandwidth is measured on a buffer of gigabytes, where the fixed cost of a
+kernel (its launch inside a graph, the first bytes' latency from HBM, the ramp over the
+multiprocessors, the tail of the last programs) vanishes. A decode linear reads 8-240 MB in one
+kernel of 2-60 µs, where that fixed cost is several percent of the time: no kernel reads a
+117 MB weight at the big-buffer bandwidth. The read curve measures what one kernel can do at
+each size, as the kernels themselves are timed (tuner.bench's protocol: CUDA-graph replays,
+median of group medians, buffers rotated past 2 x L2 so every read comes from HBM), with a few
+read-only streaming kernels, keeping the fastest at each size:
+
+- `stream`: many programs, each summing STEPS x BLOCK int32 values with wide loads, all its
+  loads issued before the first add (`tuner.device.stream_read_kernel`, the bandwidth kernel);
+- `tma`: one or two programs a multiprocessor, each walking its contiguous share of the buffer in
+  [BLOCK_R, 256] int32 tiles through a pipeline of STAGES tensor-memory-accelerator copies into
+  shared memory (sm90; the weight path of the skinny GEMM kernel without its MMAs). Under the
+  interpreter and on hip it runs with pointer loads;
+- `cpasync`: the same walk with pointer loads, which Triton pipelines through cp.async stages
+  (sm90; LDS on gfx9).
+
+From the curve, `fit` takes a line t = latency + bytes / bandwidth below every point: the largest
+constant `latency` with which `bytes / bandwidth` plus it stays at or under every measured time.
+The budget's floor of a call is then `latency + bytes / bandwidth` (tuner.budget.floor_us):
+still a time no measured reader beat, and no longer a floor that small shapes only seem to have
+headroom over.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["READ_CURVE_BYTES", "READERS", "fit", "measure_read_curve", "read_sets", "reader_call"]
+
+READ_CURVE_BYTES = tuple(mib << 20 for mib in (8, 16, 32, 64, 128, 256, 512))
+TMA_COLUMNS = 256  # int32 values a row of the tma reader's 2-D view (1 KiB)
+CHUNK_BYTES = 256 << 10  # every reader's unit: sizes are rounded down to whole chunks
+
+# name: (kind, constexprs, num_warps, programs a multiprocessor for the persistent kinds)
+READERS = {
+    "stream-4096x8-w8": ("stream", {"BLOCK": 4096, "STEPS": 8}, 8, None),
+    "stream-2048x8-w4": ("stream", {"BLOCK": 2048, "STEPS": 8}, 4, None),
+    "stream-4096x16-w8": ("stream", {"BLOCK": 4096, "STEPS": 16}, 8, None),
+    "tma-32x256-s4-p1": ("tma", {"BLOCK_R": 32, "STAGES": 4}, 4, 1),
+    "tma-32x256-s6-p1": ("tma", {"BLOCK_R": 32, "STAGES": 6}, 4, 1),
+    "tma-16x256-s4-p2": ("tma", {"BLOCK_R": 16, "STAGES": 4}, 4, 2),
+    "cpasync-32x256-s4-p1": ("cpasync", {"BLOCK_R": 32, "STAGES": 4}, 4, 1),
+}
+
+_KERNELS: dict = {}
+
+
+def _tma_kernel():
+    if "tma" not in _KERNELS:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def tma_stream_read(desc, src, dst, blocks, per_program, BLOCK_R: tl.constexpr,
+                            COLUMNS: tl.constexpr, STAGES: tl.constexpr, USE_DESC: tl.constexpr):
+            """Program p sums the row blocks [p * per_program, (p + 1) * per_program) of the
+            [rows, COLUMNS] int32 view: a descriptor load a block (USE_DESC), or pointer loads."""
+            pid = tl.program_id(0)
+            start = pid * per_program
+            end = tl.minimum(start + per_program, blocks)
+            acc = tl.zeros([BLOCK_R, COLUMNS], dtype=tl.int32)
+            offs = tl.arange(0, BLOCK_R)[:, None] * COLUMNS + tl.arange(0, COLUMNS)[None, :]
+            for b in tl.range(start, end, num_stages=STAGES):
+                if USE_DESC:
+                    acc += desc.load([b * BLOCK_R, 0])
+                else:
+                    acc += tl.load(src + b * (BLOCK_R * COLUMNS) + offs)  # < 2**31 values
+            tl.store(dst + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+        _KERNELS["tma"] = tma_stream_read
+    return _KERNELS["tma"]
+
+
+def read_sets(nbytes: int, count: int, device) -> list[dict]:
+    """`count` buffers of `nbytes` (rounded down to whole 256 KiB chunks, at least one) of random
+    int32 values on `device`, as input sets {"buf": tensor}."""
+    import torch
+
+    elements = max(1, int(nbytes) // CHUNK_BYTES) * (CHUNK_BYTES // 4)
+    return [{"buf": torch.randint(-1000, 1000, (elements,), dtype=torch.int32, device=device)}
+            for _ in range(max(1, int(count)))]
+
+
+def reader_call(name: str, sms: int, *, use_desc: bool = True):
+    """fn(inputs) that reads inputs["buf"] once with reader `name` (READERS) on a device of
+    `sms` multiprocessors and returns its int32 partial sums (one a program; they add up to the
+    buffer's sum, wrapping at 32 bits); `use_desc` False: the tma reader with pointer loads
+    (hip, the CPU interpreter)."""
+    import torch
+
+    kind, meta, warps, per_sm = READERS[name]
+    partials: dict = {}
+
+    def scratch(programs, device):
+        key = (programs, str(device))
+        if key not in partials:
+            partials[key] = torch.empty(programs, dtype=torch.int32, device=device)
+        return partials[key]
+
+    if kind == "stream":
+        from .device import stream_read_kernel
+
+        kernel = stream_read_kernel()
+        per_program = meta["BLOCK"] * meta["STEPS"]
+
+        def run(inputs):
+            buf = inputs["buf"]
+            programs = buf.numel() // per_program  # CHUNK_BYTES is a multiple of every program
+            part = scratch(programs, buf.device)
+            kernel[(programs,)](buf, part, num_warps=warps, **meta)
+            return part
+        return run
+
+    kernel = _tma_kernel()
+    block_r = meta["BLOCK_R"]
+    use_desc = use_desc and kind == "tma"
+    descriptors: dict = {}
+
+    def run(inputs):
+        buf = inputs["buf"]
+        rows = buf.numel() // TMA_COLUMNS
+        blocks = rows // block_r
+        programs = max(1, min(blocks, sms * per_sm))
+        per_program = math.ceil(blocks / programs)
+        programs = math.ceil(blocks / per_program)
+        desc = buf
+        if use_desc:
+            key = buf.data_ptr()
+            if key not in descriptors:
+                from triton.tools.tensor_descriptor import TensorDescriptor
+
+                view = buf.view(rows, TMA_COLUMNS)
+                descriptors[key] = TensorDescriptor(view, [rows, TMA_COLUMNS], [TMA_COLUMNS, 1],
+                                                    [block_r, TMA_COLUMNS])
+            desc = descriptors[key]
+        part = scratch(programs, buf.device)
+        kernel[(programs,)](desc, buf, part, blocks, per_program, BLOCK_R=block_r,
+                            COLUMNS=TMA_COLUMNS, STAGES=meta["STAGES"], USE_DESC=use_desc,
+                            num_warps=warps)
+        return part
+    return run
+
+
+def measure_read_curve(sizes=READ_CURVE_BYTES, *, readers=None, groups: int = 5,
+                       replays: int = 5, device=None, cache: str = "cold", progress=None,
+                       **timer_options) -> dict:
+    """The read curve on the current GPU (or `device`): for each size, every reader timed over
+    buffers rotated past 2 x L2 (cache "cold"; "warm": one buffer, read from L2 where it fits)
+    in CUDA-graph replays (tuner.bench's protocol), the fastest kept. Returns {"points":
+    [{"bytes", "us", "reader", "readers": {name: us or failure}}], "method"}. A reader that
+    fails (compile, launch, capture) is recorded and skipped; `progress(point)` is called after
+    each size. On a CPU device (tests, TRITON_INTERPRET=1) the tma reader uses pointer loads and
+    the numbers mean nothing."""
+    import torch
+
+    from . import bench
+    from .errors import CandidateFailure
+
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    gpu = dev.type == "cuda"
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if gpu else 4
+    names = list(readers or READERS)
+    hip = bool(getattr(torch.version, "hip", None))
+    l2 = bench.l2_bytes(dev)
+    points = []
+    for nbytes in sizes:
+        count = 1 if cache == "warm" else min(
+            bench.MAX_INPUT_SETS, max(2, math.ceil(2 * l2 / max(1, nbytes)) + 1))
+        sets = read_sets(nbytes, count, dev)
+        actual = sets[0]["buf"].numel() * 4
+        timed = {}
+        for name in names:
+            fn = reader_call(name, sms, use_desc=gpu and not hip)
+            try:
+                options = {"min_calls": len(sets), **timer_options}
+                timing = bench.time_callable(fn, sets, cache=cache, groups=groups,
+                                             replays=replays, **options)
+                timed[name] = timing.median_us
+            except CandidateFailure as exc:
+                timed[name] = f"failed: {exc.reason}"
+        ok = {k: v for k, v in timed.items() if isinstance(v, float)}
+        best = min(ok, key=ok.get) if ok else None
+        points.append({"bytes": actual, "us": ok[best] if best else math.nan, "reader": best,
+                       "readers": timed})
+        if progress:
+            progress(points[-1])
+        del sets
+        if gpu:
+            torch.cuda.empty_cache()
+    return {"points": points,
+            "method": (f"fastest of {len(names)} read-only kernels ({', '.join(names)}) at each "
+                       f"size; median of {groups} groups of {replays} CUDA-graph replays, "
+                       + ("buffers rotated past 2 x L2" if cache == "cold" else "one buffer"))}
+
+
+def fit(points: list[dict], bandwidth: float) -> float:
+    """The read latency in µs: the largest constant L with L + bytes / bandwidth <= us at every
+    measured point (clipped at 0; 0 without points). `bandwidth` in bytes/s."""
+    gaps = [float(p["us"]) - float(p["bytes"]) / bandwidth * 1e6 for p in points
+            if isinstance(p.get("us"), (int, float)) and math.isfinite(float(p["us"]))]
+    return max(0.0, min(gaps)) if gaps and bandwidth > 0 else 0.0
