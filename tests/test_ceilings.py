@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 import pandas as pd
@@ -116,3 +117,24 @@ def test_profile_with_read_curve_roundtrips_and_describes(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(data))
     assert device.load_profile(tmp_path / "old.json").read_latency_us == 0.0
     assert "read latency not measured" in device.describe(load_profile("h200"))
+
+
+def test_slope_is_the_least_squares_rate_over_the_big_sizes():
+    # the H200's cold read curve of 2026-12-01 (session 20, scripts/gpu/read_ceiling.py): the
+    # fastest reader's µs at 8 MiB .. 2 GiB
+    mib = 1 << 20
+    measured = {8: 4.27, 32: 9.19, 48: 12.75, 96: 23.68, 112: 27.28, 192: 45.67, 224: 52.70,
+                512: 117.15, 1024: 231.03, 2048: 458.32}
+    points = [{"bytes": m * mib, "us": us} for m, us in measured.items()]
+    bw, intercept = ceilings.slope(points)
+    assert bw == pytest.approx(4.706e12, rel=2e-3)  # the script's least squares: 4.706 TB/s
+    assert intercept == pytest.approx(2.50, abs=0.05)
+    latency = ceilings.fit(points, bw)
+    assert 1.5 < latency < intercept  # the line under every point, 8 MiB included
+    assert all(latency + p["bytes"] / bw * 1e6 <= p["us"] + 1e-9 for p in points)
+    # a 117 MB weight: no reader beat 91.6% of that bandwidth
+    assert 112 * mib / (measured[112] * 1e-6) / bw == pytest.approx(0.915, abs=0.005)
+    # too few big points, or a line that does not rise: no slope
+    assert math.isnan(ceilings.slope(points[:1])[0])
+    assert math.isnan(ceilings.slope([{"bytes": 64 * mib, "us": 20.0},
+                                      {"bytes": 128 * mib, "us": 19.0}])[0])

@@ -18,20 +18,29 @@ read-only streaming kernels, keeping the fastest at each size:
 - `cpasync`: the same walk with pointer loads, which Triton pipelines through cp.async stages
   (sm90; LDS on gfx9).
 
-From the curve, `fit` takes a line t = latency + bytes / bandwidth below every point: the largest
-constant `latency` with which `bytes / bandwidth` plus it stays at or under every measured time.
-The budget's floor of a call is then `latency + bytes / bandwidth` (tuner.budget.floor_us):
-still a time no measured reader beat, and no longer a floor that small shapes only seem to have
-headroom over.
+From the curve, `slope` gives the read bandwidth as the slope of the least-squares line through
+the points of 32 MiB and more (t = intercept + bytes / bandwidth): the rate each further byte
+costs, free of the fixed cost. `fit` then takes the line below every point: the largest constant
+`latency` with which `bytes / bandwidth` plus it stays at or under every measured time. The
+budget's floor of a call is `latency + bytes / bandwidth` (tuner.budget.floor_us): still a time
+no measured reader beat, and no longer a floor that small shapes only seem to have headroom over.
+
+Why the slope and not one timed stream (`tuner.device.measure_read_bandwidth`, the profile's
+only bandwidth before): on the H200 (2026-12-01, session 20) that event-timed 2-4 GiB stream read
+3.93-4.60 TB/s in four measurements of one machine within ten minutes, while the same stream
+kernel in graph replays read 2 GiB at 4.69 TB/s and the curve's slope was 4.71 TB/s. A floor
+from the low reading is no floor: the kernels' own "% of bandwidth" went past 100%.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["READ_CURVE_BYTES", "READERS", "fit", "measure_read_curve", "read_sets", "reader_call"]
+__all__ = ["READ_CURVE_BYTES", "READERS", "fit", "measure_read_curve", "read_sets", "reader_call",
+           "slope"]
 
-READ_CURVE_BYTES = tuple(mib << 20 for mib in (8, 16, 32, 64, 128, 256, 512))
+READ_CURVE_BYTES = tuple(mib << 20 for mib in (8, 16, 32, 64, 128, 256, 512, 1024, 2048))
+SLOPE_MIN_BYTES = 32 << 20  # the line's slope is fitted over sizes from here up
 TMA_COLUMNS = 256  # int32 values a row of the tma reader's 2-D view (1 KiB)
 CHUNK_BYTES = 256 << 10  # every reader's unit: sizes are rounded down to whole chunks
 
@@ -85,11 +94,12 @@ def read_sets(nbytes: int, count: int, device) -> list[dict]:
             for _ in range(max(1, int(count)))]
 
 
-def reader_call(name: str, sms: int, *, use_desc: bool = True):
+def reader_call(name: str, sms: int, *, use_desc: bool = True, programs: int | None = None):
     """fn(inputs) that reads inputs["buf"] once with reader `name` (READERS) on a device of
     `sms` multiprocessors and returns its int32 partial sums (one a program; they add up to the
     buffer's sum, wrapping at 32 bits); `use_desc` False: the tma reader with pointer loads
-    (hip, the CPU interpreter)."""
+    (hip, the CPU interpreter); `programs`: the persistent kinds' grid instead of their
+    programs a multiprocessor (a probe of how many programs a read needs)."""
     import torch
 
     kind, meta, warps, per_sm = READERS[name]
@@ -124,9 +134,9 @@ def reader_call(name: str, sms: int, *, use_desc: bool = True):
         buf = inputs["buf"]
         rows = buf.numel() // TMA_COLUMNS
         blocks = rows // block_r
-        programs = max(1, min(blocks, sms * per_sm))
-        per_program = math.ceil(blocks / programs)
-        programs = math.ceil(blocks / per_program)
+        grid = max(1, min(blocks, programs or sms * per_sm))
+        per_program = math.ceil(blocks / grid)
+        grid = math.ceil(blocks / per_program)
         desc = buf
         if use_desc:
             key = buf.data_ptr()
@@ -137,8 +147,8 @@ def reader_call(name: str, sms: int, *, use_desc: bool = True):
                 descriptors[key] = TensorDescriptor(view, [rows, TMA_COLUMNS], [TMA_COLUMNS, 1],
                                                     [block_r, TMA_COLUMNS])
             desc = descriptors[key]
-        part = scratch(programs, buf.device)
-        kernel[(programs,)](desc, buf, part, blocks, per_program, BLOCK_R=block_r,
+        part = scratch(grid, buf.device)
+        kernel[(grid,)](desc, buf, part, blocks, per_program, BLOCK_R=block_r,
                             COLUMNS=TMA_COLUMNS, STAGES=meta["STAGES"], USE_DESC=use_desc,
                             num_warps=warps)
         return part
@@ -166,10 +176,15 @@ def measure_read_curve(sizes=READ_CURVE_BYTES, *, readers=None, groups: int = 5,
     names = list(readers or READERS)
     hip = bool(getattr(torch.version, "hip", None))
     l2 = bench.l2_bytes(dev)
+    free = torch.cuda.mem_get_info(dev)[0] if gpu else None
     points = []
     for nbytes in sizes:
         count = 1 if cache == "warm" else min(
             bench.MAX_INPUT_SETS, max(2, math.ceil(2 * l2 / max(1, nbytes)) + 1))
+        if free is not None and count * nbytes > free // 2:
+            points.append({"bytes": int(nbytes), "us": math.nan, "reader": None,
+                           "readers": {}, "skipped": "not enough free device memory"})
+            continue
         sets = read_sets(nbytes, count, dev)
         actual = sets[0]["buf"].numel() * 4
         timed = {}
@@ -195,6 +210,24 @@ def measure_read_curve(sizes=READ_CURVE_BYTES, *, readers=None, groups: int = 5,
             "method": (f"fastest of {len(names)} read-only kernels ({', '.join(names)}) at each "
                        f"size; median of {groups} groups of {replays} CUDA-graph replays, "
                        + ("buffers rotated past 2 x L2" if cache == "cold" else "one buffer"))}
+
+
+def slope(points: list[dict], min_bytes: int = SLOPE_MIN_BYTES) -> tuple[float, float]:
+    """(bytes/s, intercept µs) of the least-squares line t = intercept + bytes / bandwidth
+    through the measured points of at least `min_bytes`; (nan, nan) with fewer than two such
+    points or a line that does not rise."""
+    pts = [(float(p["bytes"]), float(p["us"])) for p in points
+           if p.get("bytes", 0) >= min_bytes and isinstance(p.get("us"), (int, float))
+           and math.isfinite(float(p["us"]))]
+    if len(pts) < 2:
+        return math.nan, math.nan
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    us_per_byte = sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else 0.0
+    if us_per_byte <= 0:
+        return math.nan, math.nan
+    return 1e6 / us_per_byte, my - us_per_byte * mx
 
 
 def fit(points: list[dict], bandwidth: float) -> float:

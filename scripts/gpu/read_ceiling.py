@@ -13,7 +13,12 @@ CUDA-graph replays, median of group medians, buffers rotated past 2 x L2):
 2. the same readers on one warm buffer of 2-48 MiB (reads from L2): the L2 read rate as the
    slope between sizes;
 3. a broadcast read: every program reads one of a few chunks of a 1-2 MiB buffer, as the skinny
-   GEMM's programs all read the activation tile at m = 64-256: the L2 rate of that pattern.
+   GEMM's programs all read the activation tile at m = 64-256: the L2 rate of that pattern;
+4. programs: the tma reader (32 KiB tiles, 4 stages: the skinny kernel's R64 x K256 weight tile)
+   on a 96 MiB weight with a grid of 64 .. 264 programs, each streaming a contiguous share: how
+   many programs one read of a decode weight needs (a 4096-row down projection in 64-row tiles
+   is 64 programs).
+READ_CEILING_PARTS (default 1234) picks the parts.
 
 Tables last; a RESULTS-JSON line holds every number. CPU check (interpreter, tiny sizes, numbers
 meaningless): READ_CEILING_SMOKE=1 python3 scripts/gpu/read_ceiling.py
@@ -22,7 +27,6 @@ meaningless): READ_CEILING_SMOKE=1 python3 scripts/gpu/read_ceiling.py
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 
@@ -88,17 +92,6 @@ def curve(sizes: dict, cache: str) -> list[dict]:
     return points
 
 
-def least_squares(points: list[dict]) -> tuple[float, float]:
-    """(intercept µs, bytes/s) of the line through (bytes, µs)."""
-    xs = [p["bytes"] for p in points]
-    ys = [p["us"] for p in points]
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else math.nan
-    return my - slope * mx, (1e6 / slope if slope and slope > 0 else math.nan)
-
-
 @triton.jit
 def broadcast_read(src, dst, CHUNKS: tl.constexpr, BLOCK: tl.constexpr, STEPS: tl.constexpr):
     """Program p sums chunk p % CHUNKS (STEPS x BLOCK int32) of a small buffer: many programs
@@ -130,31 +123,56 @@ def broadcast(chunks: int, programs: int) -> dict:
     return row
 
 
+def programs_probe() -> list[dict]:
+    nbytes = 8 * MiB if SMOKE else 96 * MiB
+    count = 1 if SMOKE else max(2, -(-2 * bench.l2_bytes() // nbytes) + 1)
+    sets = ceilings.read_sets(nbytes, count, DEVICE)
+    sms = 4 if SMOKE else torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for grid in ((2, 4) if SMOKE else (64, 96, 128, 132, 192, 256, 264)):
+        fn = ceilings.reader_call("tma-32x256-s4-p1", sms, use_desc=not SMOKE, programs=grid)
+        t = bench.time_callable(fn, sets, cache="warm" if SMOKE else "cold", **TIMING)
+        rows.append({"bytes": sets[0]["buf"].numel() * 4, "programs": grid, "us": t.median_us})
+        say(f"   {rows[-1]['bytes'] / MiB:.0f} MiB with {grid} programs: {t.median_us:.2f} us")
+    return rows
+
+
 def main():
     if not SMOKE:
         props = torch.cuda.get_device_properties(0)
         say(f"device {props.name}  SMs {props.multi_processor_count}  L2 {bench.l2_bytes() / MiB:.0f} MiB  "
             f"torch {torch.__version__}  triton {triton.__version__}")
+    parts = os.environ.get("READ_CEILING_PARTS", "1234")
     RESULTS["bandwidth"] = bw = bandwidth()
-    say("1. the read curve, cold (buffers rotated past 2 x L2)")
-    cold = curve({**WEIGHTS, **EXTRA}, "cold")
-    RESULTS["cold"] = cold
-    RESULTS["bandwidth_end"] = bw_end = bandwidth()
-    say("2. the read curve, warm (one buffer: L2 where it fits)")
-    warm = curve({f"{s / MiB:g} MiB": s for s in L2_SIZES}, "warm")
-    RESULTS["warm"] = warm
-    say("3. broadcast reads (many programs, the same bytes)")
-    sms = 4 if SMOKE else torch.cuda.get_device_properties(0).multi_processor_count
-    RESULTS["broadcast"] = [broadcast(c, p * sms) for c, p in ((4, 4), (4, 8), (8, 8))]
+    if "4" in parts:
+        say("4. programs: the tma reader on one weight with a given grid")
+        RESULTS["programs"] = programs_probe()
+    if "1" in parts:
+        say("1. the read curve, cold (buffers rotated past 2 x L2)")
+        RESULTS["cold"] = curve({**WEIGHTS, **EXTRA}, "cold")
+        RESULTS["bandwidth_end"] = bandwidth()
+    if "2" in parts:
+        say("2. the read curve, warm (one buffer: L2 where it fits)")
+        RESULTS["warm"] = curve({f"{s / MiB:g} MiB": s for s in L2_SIZES}, "warm")
+    if "3" in parts:
+        say("3. broadcast reads (many programs, the same bytes)")
+        sms = 4 if SMOKE else torch.cuda.get_device_properties(0).multi_processor_count
+        RESULTS["broadcast"] = [broadcast(c, p * sms) for c, p in ((4, 4), (4, 8), (8, 8))]
 
     print("\nRESULTS-JSON " + json.dumps(RESULTS, default=str))
-    best_bw = max(bw, bw_end)
+    for row in RESULTS.get("programs", []):
+        print(f"programs: {row['bytes'] / MiB:.0f} MiB read by {row['programs']:3} programs "
+              f"(tma, 32 KiB tiles, 4 stages): {row['us']:.2f} us")
+    if "1" not in parts:
+        return
+    cold, bw_end = RESULTS["cold"], RESULTS["bandwidth_end"]
+    slope_bw, t0 = ceilings.slope(cold)
+    best_bw = max(bw, bw_end, slope_bw if slope_bw == slope_bw else 0.0)  # tuner device's rule
     latency = ceilings.fit(cold, best_bw)
-    big = [p for p in cold if p["bytes"] >= 32 * MiB]
-    t0, slope_bw = least_squares(big) if len(big) >= 2 else (math.nan, math.nan)
     readers = list(ceilings.READERS)
-    print(f"\n== the read curve, cold: µs of each reader; best as % of the measured bandwidth "
-          f"({bw / 1e12:.3f} TB/s at the start, {bw_end / 1e12:.3f} at the end; % of the higher)")
+    print(f"\n== the read curve, cold: µs of each reader; best as % of the read bandwidth "
+          f"{best_bw / 1e12:.3f} TB/s (tuner device's rule: the higher of the event-timed stream, "
+          f"{bw / 1e12:.3f} TB/s at the start and {bw_end / 1e12:.3f} at the end, and the curve's slope)")
     print(f"{'size':>24} {'MiB':>7} " + " ".join(f"{r[:14]:>14}" for r in readers)
           + f" {'best us':>8} {'TB/s':>5} {'%bw':>5}")
     for p in cold:
@@ -163,15 +181,18 @@ def main():
         print(f"{p['tag']:>24} {p['bytes'] / MiB:7.1f} " + " ".join(cells)
               + f" {p['us']:8.2f} {p['bytes'] / p['us'] / 1e6:5.2f} {100 * p['bytes'] / p['us'] / 1e6 / (best_bw / 1e12):5.1f}")
     print(f"\nread latency under the curve (tuner.ceilings.fit at {best_bw / 1e12:.3f} TB/s): "
-          f"{latency:.2f} us; least squares over >= 32 MiB: {t0:.2f} us + bytes / "
-          f"{slope_bw / 1e12:.3f} TB/s")
+          f"{latency:.2f} us; least squares over >= 32 MiB (tuner.ceilings.slope): {t0:.2f} us + "
+          f"bytes / {slope_bw / 1e12:.3f} TB/s")
     print("what 95% of the measured bandwidth asks of one kernel, against the best reader:")
     for p in cold:
         if p["tag"] in WEIGHTS and p["bytes"] >= 64e6:
             need = p["bytes"] / (0.95 * best_bw) * 1e6
             print(f"   {p['tag']:>24}: 95% = {need:6.2f} us; best reader {p['us']:6.2f} us "
                   f"({'reachable' if p['us'] <= need else 'NOT reached by a pure read'})")
-    w0, l2_bw = least_squares([p for p in warm if p["bytes"] <= 32 * MiB]) if len(warm) >= 2 else (math.nan, math.nan)
+    if "2" not in parts or "3" not in parts:
+        return
+    warm = RESULTS["warm"]
+    l2_bw, w0 = ceilings.slope([p for p in warm if p["bytes"] <= 32 * MiB], min_bytes=0)
     warm_text = ", ".join(f"{p['tag']} {p['us']:.2f} us" for p in warm)
     print(f"\n== warm (L2) reads: {warm_text}")
     print(f"   L2 read rate (slope, <= 32 MiB): {l2_bw / 1e12:.2f} TB/s, intercept {w0:.2f} us")
