@@ -84,14 +84,10 @@ def _gemv(shape: dict, sms: int) -> list[dict]:
         if splittable:
             configs += [{**c, "SPLIT_K": s} for s in
                         split_counts(cdiv(n, c["ROWS_PER_BLOCK"]), k, c["BLOCK_K"], 2, sms)]
-    if n <= 4096 and k >= 8192:
-        # the long-k, narrow-n down projections (4096 x 12288 / 14336): 64-row tiles give 64
-        # programs, a K split of 4 two waves; a split of 2 (one wave) of the two skinny configs
-        # that win there unsplit (session 20 experiment: the m = 4-8 down projections stood at
-        # 87-90% of the measured bandwidth, the other >= 64 MB shapes at 93-99%)
-        configs += [{**dot(64, 256, 4, 4, 2), "SPLIT_K": 2},
-                    {**dot(64, 128, 4, 6, 2), "SPLIT_K": 2},
-                    {**dot(64, 128, 4, 4, 2), "SPLIT_K": 2}]
+    # (a K split of 2 of the skinny configs that win the 4096-row down projections unsplit, 64 ->
+    # 128 programs, was measured in session 20: within +-0.6% of the unsplit config in all 8
+    # cases at m = 1, 4, 8, best in none; a read of that weight by 64 programs costs only ~1 us
+    # more than by 128 (BENCHMARKS.md, session 20))
     return configs
 
 

@@ -39,7 +39,10 @@ import math
 __all__ = ["READ_CURVE_BYTES", "READERS", "fit", "measure_read_curve", "read_sets", "reader_call",
            "slope"]
 
-READ_CURVE_BYTES = tuple(mib << 20 for mib in (8, 16, 32, 64, 128, 256, 512, 1024, 2048))
+# from a quarter MiB (the smallest decode linears: a 0.5B model's projections) to 2 GiB; the small
+# sizes keep the read latency under what small reads take (its line must stay under every point)
+READ_CURVE_BYTES = (256 << 10, 1 << 20, 2 << 20, 4 << 20) + tuple(
+    mib << 20 for mib in (8, 16, 32, 64, 128, 256, 512, 1024, 2048))
 SLOPE_MIN_BYTES = 32 << 20  # the line's slope is fitted over sizes from here up
 TMA_COLUMNS = 256  # int32 values a row of the tma reader's 2-D view (1 KiB)
 CHUNK_BYTES = 256 << 10  # every reader's unit: sizes are rounded down to whole chunks
