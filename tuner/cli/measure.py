@@ -118,7 +118,9 @@ def _add_device(sub) -> None:
     p = sub.add_parser(
         "device", help="detect the GPU and measure its bandwidth and matmul rate",
         description="Detect this machine's GPU (backend CUDA or ROCm, Hygon DCU, arch, warp size, "
-        "multiprocessors, L2) and measure its read bandwidth, bf16 matmul rate and the fixed "
+        "multiprocessors, L2) and measure its read curve (how fast one kernel reads 256 KiB to "
+        "2 GiB, cold, in CUDA-graph replays: the read bandwidth as its slope and the read latency "
+        "every reading kernel pays, which the budget's floor adds), bf16 matmul rate and the fixed "
         "cost of one kernel; save the profile as JSON for budget, search and bench. Needs a GPU.")
     p.add_argument("--json", action="store_true", help="print the profile as JSON (default: text)")
     p.add_argument("--out", default=None, metavar="DIR",
