@@ -419,7 +419,7 @@ def measure(device: int | None = None, buffer_bytes: int = 4 << 30,
     say(f"read bandwidth: streaming {buffer_bytes / 2**30:.1f} GiB")
     bandwidth = measure_read_bandwidth(buffer_bytes)
     curve = ceilings.measure_read_curve(progress=lambda p: say(
-        f"read curve: {p['bytes'] / 2**20:.0f} MiB in {p['us']:.2f} us ({p['reader']})"))
+        f"read curve: {p['bytes'] / 2**10:.0f} KiB in {p['us']:.2f} us ({p['reader']})"))
     # the read bandwidth: the curve's slope (graph replays, the kernels' own protocol), or the
     # event-timed stream where that is higher (tuner.ceilings says why the slope comes first)
     slope_bw, intercept = ceilings.slope(curve["points"])
@@ -482,7 +482,8 @@ def describe(profile: DeviceProfile) -> str:
     if points and profile.read_bandwidth_bytes_per_s:
         bw = profile.read_bandwidth_bytes_per_s
         lines.append("read curve " + ", ".join(
-            f"{p['bytes'] / 2**20:.0f} MiB {p['us']:.1f} us ({100 * p['bytes'] / (p['us'] * 1e-6) / bw:.0f}%)"
+            (f"{p['bytes'] / 2**20:.0f} MiB" if p["bytes"] >= 2**20 else f"{p['bytes'] / 2**10:.0f} KiB")
+            + f" {p['us']:.1f} us ({100 * p['bytes'] / (p['us'] * 1e-6) / bw:.0f}%)"
             for p in points if isinstance(p.get("us"), (int, float)) and p["us"] == p["us"]))
     rb = (profile.notes or {}).get("read_bandwidth") or {}
     curve = (profile.notes or {}).get("read_curve") or {}
