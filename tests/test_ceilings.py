@@ -140,52 +140,40 @@ def test_slope_is_the_least_squares_rate_over_the_big_sizes():
                                       {"bytes": 128 * mib, "us": 19.0}])[0])
 
 
-READER_COMPILE = r'''
-import json, re, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from tuner import ceilings
+def _compile_readers(_request: dict) -> list:
+    """In a child without TRITON_INTERPRET (kernels.common.run_without_interpreter): every
+    persistent reader's launch for a 96 MiB buffer (meta tensors), compiled for sm90 (TMA
+    descriptors for the tma kind) and gfx942 (pointer loads): [backend, reader, shared bytes,
+    bulk tensor copies, cp.async copies]."""
+    import re
 
-kernel = ceilings._tma_kernel()
-out = []
-for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
-    for name, (kind, meta, warps, _per_sm) in ceilings.READERS.items():
-        if kind == "stream":
-            continue
-        desc = kind == "tma" and target.backend == "cuda"
-        block = meta["BLOCK_R"]
-        signature = {"desc": f"tensordesc<i32[{block},256]>" if desc else "*i32", "src": "*i32",
-                     "dst": "*i32", "blocks": "i32", "per_program": "i32", "BLOCK_R": "constexpr",
-                     "COLUMNS": "constexpr", "STAGES": "constexpr", "USE_DESC": "constexpr"}
-        constants = {"BLOCK_R": block, "COLUMNS": ceilings.TMA_COLUMNS, "STAGES": meta["STAGES"],
-                     "USE_DESC": desc}
-        compiled = triton.compile(ASTSource(kernel, signature, constants, {}), target=target,
-                                  options={"num_warps": warps})
-        asm = compiled.asm.get("ptx") or compiled.asm.get("amdgcn")
-        out.append([target.backend, name, int(compiled.metadata.shared),
-                    len(re.findall(r"cp\.async\.bulk\.tensor", asm)),
-                    len(re.findall(r"cp\.async\.c[ga]", asm))])
-json.dump(out, sys.stdout)
-'''
+    from triton.backends.compiler import GPUTarget
+
+    from kernels import common
+
+    common._TORCH_TO_TRITON.setdefault(torch.int32, "i32")  # the readers' buffers are int32
+    buf = torch.empty((96 << 20) // 4, dtype=torch.int32, device="meta")
+    out = []
+    for target in (GPUTarget("cuda", 90, 32), GPUTarget("hip", "gfx942", 64)):
+        for name, (kind, _meta, _warps, _per_sm) in ceilings.READERS.items():
+            if kind == "stream":
+                continue
+            call, _ = ceilings.reader_plan(name, buf, 132, use_desc=target.backend == "cuda")
+            report = common.compile_call(call, target, with_asm=True)
+            out.append([target.backend, name, report.shared,
+                        len(re.findall(r"cp\.async\.bulk\.tensor", report.asm)),
+                        len(re.findall(r"cp\.async\.c[ga]", report.asm))])
+    return out
 
 
 def test_the_persistent_readers_compile_to_pipelined_copies_for_sm90_and_gfx942():
     """Offline (no GPU): on sm90 the tma readers stream their tiles with bulk tensor copies
     (TMA) through STAGES - 1 shared-memory buffers, the cpasync reader with cp.async; on gfx942
     both compile with pointer loads (the path `measure_read_curve` takes on hip)."""
-    import subprocess
-    import sys
-    from pathlib import Path
+    from kernels.common import run_without_interpreter
 
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", READER_COMPILE], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = {(backend, name): (shared, bulk, cpasync)
-            for backend, name, shared, bulk, cpasync in json.loads(done.stdout)}
+    rows = {(backend, name): (shared, bulk, cpasync) for backend, name, shared, bulk, cpasync
+            in run_without_interpreter("tests.test_ceilings:_compile_readers", {})}
     for name, (kind, meta, _w, _p) in ceilings.READERS.items():
         if kind == "stream":
             continue

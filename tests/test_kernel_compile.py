@@ -207,50 +207,53 @@ def test_skinny_configs_compile_for_gfx942_and_the_spilling_one_is_rejected():
     assert rows[-1][0].n_spills > 0
 
 
-MASKED_COMPILE = r'''
-import json, sys
-import torch
-from triton.backends.compiler import GPUTarget
-from kernels import attention, common
-from tuner.spaces import space_for
-common._TORCH_TO_TRITON.setdefault(torch.uint8, "u8")  # a boolean mask is read as uint8
-shapes = [{"batch": 32, "heads": 32, "kv_heads": 8, "kv_len": 162, "head_dim": 128, "dtype": "bfloat16"},
-          {"batch": 1, "heads": 64, "kv_heads": 1, "kv_len": 8192, "head_dim": 64, "dtype": "bfloat16"}]
-# the configs served on the H200 (batch 32 and batch 1), then stacked and split ones
-served = [{"HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "SPLIT_KV": 1, "num_warps": 2, "num_stages": 3},
-          {"HEADS_PER_BLOCK": 1, "BLOCK_N": 64, "SPLIT_KV": 1, "num_warps": 4, "num_stages": 3},
-          {"HEADS_PER_BLOCK": 4, "BLOCK_N": 32, "SPLIT_KV": 2, "num_warps": 4, "num_stages": 3},
-          {"HEADS_PER_BLOCK": 2, "BLOCK_N": 32, "SPLIT_KV": 1, "num_warps": 4, "num_stages": 2},
-          {"HEADS_PER_BLOCK": 1, "BLOCK_N": 64, "SPLIT_KV": 2, "num_warps": 8, "num_stages": 2},
-          {"HEADS_PER_BLOCK": 1, "BLOCK_N": 32, "SPLIT_KV": 4, "num_warps": 4, "num_stages": 2}]
-out = []
-for backend, target in (("cuda", GPUTarget("cuda", 90, 32)), ("hip", GPUTarget("hip", "gfx942", 64))):
-    space = space_for("attention", backend)
-    for shape in shapes:
-        inputs = attention.make_inputs(shape, "meta")
-        b, n = shape["batch"], shape["kv_len"]
-        masks = {"additive": torch.empty(b, 1, 1, n, device="meta", dtype=torch.bfloat16),
-                 "bool": torch.empty(b, 1, 1, n, device="meta", dtype=torch.bool),
-                 "bool-broadcast": torch.empty(1, 1, 1, n, device="meta", dtype=torch.bool)}
-        if backend == "hip":
-            configs = [dict(c, num_stages=min(c["num_stages"], 2), waves_per_eu=0,
-                            matrix_instr_nonkdim=16) for c in served]
-        else:
-            configs = list(served)
-        configs = [c for c in configs if space.allows(c, shape)]
-        if backend == "hip":  # 64-long tiles of 128 dims below 8 warps spill masked (the yaml)
-            configs = [c for c in configs
-                       if c["BLOCK_N"] * shape["head_dim"] <= 4096 or c["num_warps"] >= 8]
-        for name, mask in masks.items():
-            for config in configs if name == "bool" else configs[:2]:
-                _, calls = attention.launch_plan(dict(inputs, mask=mask, scale=0.1), config,
-                                                 backend=backend)
-                for call in calls:
-                    r = common.compile_call(call, target)
-                    out.append([backend, name, config, r.kernel, r.n_regs, r.n_spills, r.shared,
-                                call.constexprs.get("MASK")])
-json.dump(out, sys.stdout)
-'''
+def _compile_masked(_request: dict) -> list:
+    """In a child without TRITON_INTERPRET (kernels.common.run_without_interpreter): the
+    masked decode attention's kernels for sm90 and gfx942, [backend, mask kind, config, kernel,
+    registers, spills, shared, MASK]."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+
+    from kernels import attention, common
+    from tuner.spaces import space_for
+
+    common._TORCH_TO_TRITON.setdefault(torch.uint8, "u8")  # a boolean mask is read as uint8
+    shapes = [{"batch": 32, "heads": 32, "kv_heads": 8, "kv_len": 162, "head_dim": 128, "dtype": "bfloat16"},
+              {"batch": 1, "heads": 64, "kv_heads": 1, "kv_len": 8192, "head_dim": 64, "dtype": "bfloat16"}]
+    # the configs served on the H200 (batch 32 and batch 1), then stacked and split ones
+    served = [{"HEADS_PER_BLOCK": 1, "BLOCK_N": 16, "SPLIT_KV": 1, "num_warps": 2, "num_stages": 3},
+              {"HEADS_PER_BLOCK": 1, "BLOCK_N": 64, "SPLIT_KV": 1, "num_warps": 4, "num_stages": 3},
+              {"HEADS_PER_BLOCK": 4, "BLOCK_N": 32, "SPLIT_KV": 2, "num_warps": 4, "num_stages": 3},
+              {"HEADS_PER_BLOCK": 2, "BLOCK_N": 32, "SPLIT_KV": 1, "num_warps": 4, "num_stages": 2},
+              {"HEADS_PER_BLOCK": 1, "BLOCK_N": 64, "SPLIT_KV": 2, "num_warps": 8, "num_stages": 2},
+              {"HEADS_PER_BLOCK": 1, "BLOCK_N": 32, "SPLIT_KV": 4, "num_warps": 4, "num_stages": 2}]
+    out = []
+    for backend, target in (("cuda", GPUTarget("cuda", 90, 32)), ("hip", GPUTarget("hip", "gfx942", 64))):
+        space = space_for("attention", backend)
+        for shape in shapes:
+            inputs = attention.make_inputs(shape, "meta")
+            b, n = shape["batch"], shape["kv_len"]
+            masks = {"additive": torch.empty(b, 1, 1, n, device="meta", dtype=torch.bfloat16),
+                     "bool": torch.empty(b, 1, 1, n, device="meta", dtype=torch.bool),
+                     "bool-broadcast": torch.empty(1, 1, 1, n, device="meta", dtype=torch.bool)}
+            if backend == "hip":
+                configs = [dict(c, num_stages=min(c["num_stages"], 2), waves_per_eu=0,
+                                matrix_instr_nonkdim=16) for c in served]
+            else:
+                configs = list(served)
+            configs = [c for c in configs if space.allows(c, shape)]
+            if backend == "hip":  # 64-long tiles of 128 dims below 8 warps spill masked (the yaml)
+                configs = [c for c in configs
+                           if c["BLOCK_N"] * shape["head_dim"] <= 4096 or c["num_warps"] >= 8]
+            for name, mask in masks.items():
+                for config in configs if name == "bool" else configs[:2]:
+                    _, calls = attention.launch_plan(dict(inputs, mask=mask, scale=0.1), config,
+                                                     backend=backend)
+                    for call in calls:
+                        r = common.compile_call(call, target)
+                        out.append([backend, name, config, r.kernel, r.n_regs, r.n_spills, r.shared,
+                                    call.constexprs.get("MASK")])
+    return out
 
 
 def test_the_masked_decode_attention_compiles_for_sm90_and_gfx942():
@@ -259,18 +262,9 @@ def test_the_masked_decode_attention_compiles_for_sm90_and_gfx942():
     stacked and split ones, where each space keeps them: no spills, within shared memory / LDS
     (search_spaces/attention.yaml: how the register limits for masked calls were derived, and
     the few sm90 configs that still spill a little when masked)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from kernels.common import run_without_interpreter
 
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", MASKED_COMPILE], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(done.stdout)
+    rows = run_without_interpreter("tests.test_kernel_compile:_compile_masked", {})
     kinds = {(backend, name, row_mask) for backend, name, _c, kernel, _r, _s, _sh, row_mask in rows
              if kernel == "decode_attention_kernel"}
     assert kinds == {(b, n, k) for b in ("cuda", "hip")

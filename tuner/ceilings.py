@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["READ_CURVE_BYTES", "READERS", "fit", "measure_read_curve", "read_sets", "reader_call",
-           "slope"]
+__all__ = ["READ_CURVE_BYTES", "READERS", "choose_bandwidth", "fit", "measure_read_curve",
+           "read_sets", "reader_call", "reader_plan", "slope"]
 
 # from a quarter MiB (the smallest decode linears: a 0.5B model's projections) to 2 GiB; the small
 # sizes keep the read latency under what small reads take (its line must stay under every point)
@@ -97,64 +97,60 @@ def read_sets(nbytes: int, count: int, device) -> list[dict]:
             for _ in range(max(1, int(count)))]
 
 
-def reader_call(name: str, sms: int, *, use_desc: bool = True, programs: int | None = None):
-    """fn(inputs) that reads inputs["buf"] once with reader `name` (READERS) on a device of
-    `sms` multiprocessors and returns its int32 partial sums (one a program; they add up to the
-    buffer's sum, wrapping at 32 bits); `use_desc` False: the tma reader with pointer loads
-    (hip, the CPU interpreter); `programs`: the persistent kinds' grid instead of their
-    programs a multiprocessor (a probe of how many programs a read needs)."""
+def reader_plan(name: str, buf, sms: int, *, use_desc: bool = True, programs: int | None = None,
+                part=None):
+    """(KernelCall, partials): the one launch with which reader `name` (READERS) reads `buf`
+    (int32, whole 256 KiB chunks) on a device of `sms` multiprocessors, and the int32 tensor of
+    its partial sums (one a program; they add up to the buffer's sum, wrapping at 32 bits;
+    `part` is used where it has that size). `use_desc` False: the tma reader with pointer
+    loads (hip, the CPU interpreter); `programs`: the persistent kinds' grid instead of their
+    programs a multiprocessor (a probe of how many programs a read needs). Works on meta
+    tensors (offline compiles, kernels.common.compile_call)."""
     import torch
 
+    from kernels.common import KernelCall
+
     kind, meta, warps, per_sm = READERS[name]
-    partials: dict = {}
-
-    def scratch(programs, device):
-        key = (programs, str(device))
-        if key not in partials:
-            partials[key] = torch.empty(programs, dtype=torch.int32, device=device)
-        return partials[key]
-
     if kind == "stream":
         from .device import stream_read_kernel
 
-        kernel = stream_read_kernel()
-        per_program = meta["BLOCK"] * meta["STEPS"]
-
-        def run(inputs):
-            buf = inputs["buf"]
-            programs = buf.numel() // per_program  # CHUNK_BYTES is a multiple of every program
-            part = scratch(programs, buf.device)
-            kernel[(programs,)](buf, part, num_warps=warps, **meta)
-            return part
-        return run
-
-    kernel = _tma_kernel()
-    block_r = meta["BLOCK_R"]
-    use_desc = use_desc and kind == "tma"
-    descriptors: dict = {}
-
-    def run(inputs):
-        buf = inputs["buf"]
-        rows = buf.numel() // TMA_COLUMNS
-        blocks = rows // block_r
+        grid = buf.numel() // (meta["BLOCK"] * meta["STEPS"])  # CHUNK_BYTES: whole programs
+    else:
+        blocks = buf.numel() // TMA_COLUMNS // meta["BLOCK_R"]
         grid = max(1, min(blocks, programs or sms * per_sm))
         per_program = math.ceil(blocks / grid)
         grid = math.ceil(blocks / per_program)
-        desc = buf
-        if use_desc:
-            key = buf.data_ptr()
-            if key not in descriptors:
-                from triton.tools.tensor_descriptor import TensorDescriptor
+    if part is None or part.numel() != grid or part.device != buf.device:
+        part = torch.empty(grid, dtype=torch.int32, device=buf.device)
+    options = {"num_warps": warps}
+    if kind == "stream":
+        return KernelCall(stream_read_kernel(), (grid,), (buf, part), dict(meta), options), part
+    use_desc = use_desc and kind == "tma"
+    desc = buf
+    if use_desc:
+        from triton.tools.tensor_descriptor import TensorDescriptor
 
-                view = buf.view(rows, TMA_COLUMNS)
-                descriptors[key] = TensorDescriptor(view, [rows, TMA_COLUMNS], [TMA_COLUMNS, 1],
-                                                    [block_r, TMA_COLUMNS])
-            desc = descriptors[key]
-        part = scratch(grid, buf.device)
-        kernel[(grid,)](desc, buf, part, blocks, per_program, BLOCK_R=block_r,
-                            COLUMNS=TMA_COLUMNS, STAGES=meta["STAGES"], USE_DESC=use_desc,
-                            num_warps=warps)
-        return part
+        rows = buf.numel() // TMA_COLUMNS
+        desc = TensorDescriptor(buf.view(rows, TMA_COLUMNS), [rows, TMA_COLUMNS],
+                                [TMA_COLUMNS, 1], [meta["BLOCK_R"], TMA_COLUMNS])
+    constexprs = dict(BLOCK_R=meta["BLOCK_R"], COLUMNS=TMA_COLUMNS, STAGES=meta["STAGES"],
+                      USE_DESC=use_desc)
+    return KernelCall(_tma_kernel(), (grid,), (desc, buf, part, blocks, per_program), constexprs,
+                      options), part
+
+
+def reader_call(name: str, sms: int, *, use_desc: bool = True, programs: int | None = None):
+    """fn(inputs) that reads inputs["buf"] once with reader `name` (`reader_plan`) and returns
+    its int32 partial sums; the partials' tensor is kept from call to call (graph capture)."""
+    partials: dict = {}
+
+    def run(inputs):
+        buf = inputs["buf"]
+        key = (buf.numel(), str(buf.device))
+        call, partials[key] = reader_plan(name, buf, sms, use_desc=use_desc, programs=programs,
+                                          part=partials.get(key))
+        call.run()
+        return partials[key]
     return run
 
 
@@ -173,11 +169,15 @@ def measure_read_curve(sizes=READ_CURVE_BYTES, *, readers=None, groups: int = 5,
     from . import bench
     from .errors import CandidateFailure
 
+    from kernels.common import sm_count
+
+    from .device import is_hip
+
     dev = torch.device(device) if device is not None else torch.device("cuda")
     gpu = dev.type == "cuda"
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count if gpu else 4
+    sms = sm_count(dev) if gpu else 4
     names = list(readers or READERS)
-    hip = bool(getattr(torch.version, "hip", None))
+    hip = is_hip()
     l2 = bench.l2_bytes(dev)
     free = torch.cuda.mem_get_info(dev)[0] if gpu else None
     points = []
@@ -231,6 +231,16 @@ def slope(points: list[dict], min_bytes: int = SLOPE_MIN_BYTES) -> tuple[float, 
     if us_per_byte <= 0:
         return math.nan, math.nan
     return 1e6 / us_per_byte, my - us_per_byte * mx
+
+
+def choose_bandwidth(stream_bytes_per_s: float, points: list[dict]) -> tuple[float, str]:
+    """(bytes/s, where from) of `tuner device`'s read bandwidth: the read curve's `slope` where
+    it is higher than the event-timed stream (`tuner.device.measure_read_bandwidth`), else the
+    stream. One rule for the profile, kernels15.sh and read_ceiling.py."""
+    slope_bw, _ = slope(points)
+    if math.isfinite(slope_bw) and slope_bw > stream_bytes_per_s:
+        return slope_bw, "read curve slope"
+    return stream_bytes_per_s, "event-timed stream"
 
 
 def fit(points: list[dict], bandwidth: float) -> float:

@@ -424,11 +424,8 @@ def measure(device: int | None = None, buffer_bytes: int = 4 << 30,
     # event-timed stream where that is higher (tuner.ceilings says why the slope comes first)
     slope_bw, intercept = ceilings.slope(curve["points"])
     curve.update(slope_bytes_per_s=slope_bw, intercept_us=intercept)
-    read_bw = bandwidth["bytes_per_s"]
-    bandwidth["from"] = "event-timed stream"
-    if math.isfinite(slope_bw) and slope_bw > read_bw:
-        read_bw = slope_bw
-        bandwidth["from"] = "read curve slope"
+    read_bw, bandwidth["from"] = ceilings.choose_bandwidth(bandwidth["bytes_per_s"],
+                                                           curve["points"])
     bandwidth["bytes_per_s"] = read_bw
     latency = ceilings.fit(curve["points"], read_bw)
     curve["latency_us"] = latency

@@ -245,12 +245,11 @@ def read_ceilings() -> dict:
         return {}
     RESULTS["read_curve"] = points
     global BW
-    slope_bw, _ = ceilings.slope(points)
-    if slope_bw == slope_bw and slope_bw > BW:  # tuner device's rule: the curve's slope where higher
-        say(f"read bandwidth from the read curve's slope: {slope_bw / 1e12:.3f} TB/s (the event-timed "
+    chosen, source = ceilings.choose_bandwidth(BW, points)  # tuner device's rule
+    if source == "read curve slope":
+        say(f"read bandwidth from the read curve's slope: {chosen / 1e12:.3f} TB/s (the event-timed "
             f"stream read {BW / 1e12:.3f})")
-        BW = slope_bw
-    RESULTS["bandwidth"] = BW
+    BW = RESULTS["bandwidth"] = chosen
     say("read curve (fastest reader a size): " + ", ".join(
         f"{p['bytes'] / 2**20:.0f} MiB {p['us']:.2f} us ({100 * p['bytes'] / (p['us'] * 1e-6) / BW:.0f}%)"
         for p in points))

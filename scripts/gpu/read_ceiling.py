@@ -167,7 +167,7 @@ def main():
         return
     cold, bw_end = RESULTS["cold"], RESULTS["bandwidth_end"]
     slope_bw, t0 = ceilings.slope(cold)
-    best_bw = max(bw, bw_end, slope_bw if slope_bw == slope_bw else 0.0)  # tuner device's rule
+    best_bw, _ = ceilings.choose_bandwidth(max(bw, bw_end), cold)  # tuner device's rule
     latency = ceilings.fit(cold, best_bw)
     readers = list(ceilings.READERS)
     print(f"\n== the read curve, cold: µs of each reader; best as % of the read bandwidth "
