@@ -8,7 +8,8 @@ FAKE_SLEEP (seconds per evaluation), FAKE_CRASH (a config key: the worker kills 
 SIGKILL, once per FAKE_MARK_DIR), FAKE_HANG (a config key: the evaluation never returns),
 FAKE_LOG (a file: every evaluated config is appended, to prove what ran on the "GPU"),
 FAKE_DONE_LOG (a file: a line "study<TAB>config<TAB>pid" per finished measurement, across
-processes and hosts).
+processes and hosts), FAKE_HOLD (a file: once FAKE_DONE_LOG has FAKE_HOLD_AFTER lines, the first
+evaluation to start writes "study<TAB>config" there and never returns; one evaluation holds).
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class FakeObjective:
             if not mark.exists():
                 mark.write_text("1")
                 time.sleep(60)
+        if os.environ.get("FAKE_HOLD") and _hold_now(self.plan.study_name, key):
+            time.sleep(3600)  # mid-measurement until the test kills this supervisor
         if os.environ.get("FAKE_CRASH") == key:
             mark = Path(os.environ["FAKE_MARK_DIR"]) / "crashed"
             if not mark.exists():
@@ -105,6 +108,24 @@ class FakeObjective:
             finally:
                 os.close(fd)
         return result
+
+
+def _hold_now(study: str, key: str) -> bool:
+    """FAKE_HOLD: is this evaluation the one to hold? The first to start after FAKE_DONE_LOG
+    reached FAKE_HOLD_AFTER lines; O_EXCL makes it exactly one across processes."""
+    done = Path(os.environ["FAKE_DONE_LOG"])
+    after = int(os.environ.get("FAKE_HOLD_AFTER", "0"))
+    if after and (not done.exists() or len(done.read_text().splitlines()) < after):
+        return False
+    try:
+        fd = os.open(os.environ["FAKE_HOLD"], os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, f"{study}\t{key}\n".encode())
+    finally:
+        os.close(fd)
+    return True
 
 
 def make_fake(plan):

@@ -66,7 +66,8 @@ def _all_trials(url, plans):
 
 def test_two_supervisors_share_one_postgres_search_and_survive_a_kill9(pg, tmp_path):
     """Supervisor A (GPUs 0,1) and B (GPUs 2,3) start the same grid search at the same moment;
-    A is killed with kill -9 (its whole process group) in the middle of a trial and started
+    A is killed with kill -9 (its whole process group) in the middle of a trial (FAKE_HOLD: one
+    of A's evaluations, started a quarter of the way in, never returns) and started
     again while B goes on. Every valid config of every study is measured exactly once over the
     whole night (the trial A was measuring is retried, not lost), the queue was seeded once,
     nothing is left RUNNING, and both supervisors finish the same studies with the same best."""
@@ -74,24 +75,21 @@ def test_two_supervisors_share_one_postgres_search_and_survive_a_kill9(pg, tmp_p
     plans = plans_for(key, shapes=SHAPES)
     log = tmp_path / "measured.tsv"
     env = {**os.environ, "FAKE_SLEEP": "0.5", "FAKE_DONE_LOG": str(log)}
-    a = _start(url, key, ["0", "1"], env)
-    b = _start(url, key, ["2", "3"], env)
     total = sum(p.n_valid for p in plans)
-    deadline = time.time() + 90
+    hold = tmp_path / "held.tsv"  # A's workers: one evaluation, a quarter in, never returns
+    a = _start(url, key, ["0", "1"], {**env, "FAKE_HOLD": str(hold),
+                                      "FAKE_HOLD_AFTER": str(total // 4)})
+    b = _start(url, key, ["2", "3"], env)
+    deadline = time.time() + 120
     try:
-        while time.time() < deadline:
+        while not hold.exists() or not hold.read_text().endswith("\n"):
+            assert a.poll() is None and time.time() < deadline, (
+                f"supervisor A never started a measurement after {total // 4} were done "
+                f"({len(_measured(log))} of {total} measured, A exit {a.poll()})")
             time.sleep(0.05)
-            if len(_measured(log)) < total // 4:
-                continue
-            now = time.time()
-            if any(_in_flight(t, a.pid) and 0.05 < now - t.datetime_start.timestamp() < 0.25
-                   for ts in _all_trials(url, plans).values() for t in ts):
-                break  # A is in the middle of measuring (each measurement takes 0.5 s)
-        os.killpg(a.pid, signal.SIGKILL)
+        held = tuple(hold.read_text().rstrip("\n").split("\t"))  # (study, config key)
+        os.killpg(a.pid, signal.SIGKILL)  # in the middle of measuring `held`
         a.wait(timeout=30)
-        victim = [(name, t) for name, ts in _all_trials(url, plans).items() for t in ts
-                  if _in_flight(t, a.pid)]
-        assert victim, "supervisor A had no trial in flight when it was killed"
         a2 = _start(url, key, ["0", "1"], env)  # the same command again on "host A"
         second, first = _summary(a2), _summary(b)
     finally:
@@ -99,14 +97,25 @@ def test_two_supervisors_share_one_postgres_search_and_survive_a_kill9(pg, tmp_p
             if child.poll() is None:
                 os.killpg(child.pid, signal.SIGKILL)
 
-    # Each config measured once. The one exception is what A was measuring when it died: if
-    # its measurement had finished but was not stored yet (the few ms between the objective's
-    # return and Optuna's tell), the retry measures it again; it is never lost.
+    # Each config measured once. A's held evaluation never finished, so its config was measured
+    # by the retry only. The one exception is A's other worker: if its measurement had finished
+    # but was not stored yet when A died (the few ms between the objective's return and Optuna's
+    # tell), the retry measures it again; it is never lost.
     measured = _measured(log)
     by_study = _all_trials(url, plans)
+    # What A was measuring when it died: its claimed trials the heartbeat check failed and
+    # queued again (read afterwards: under load, B's check may fail them before a read after
+    # the kill could see them RUNNING).
+    victim = [(name, t) for name, ts in by_study.items() for t in ts
+              if f"/{a.pid}/" in str(t.user_attrs.get("worker", "")) and "config" in t.user_attrs
+              and any(r.user_attrs.get("retry_of") == t.number for r in ts)]
+    assert held in {
+        (name, search.config_key(t.user_attrs["config"])) for name, t in victim}, _held_trials(
+            by_study, held)
     killed = {(name, search.config_key(t.user_attrs["config"])) for name, t in victim}
     assert set(measured) == {(p.study_name, k) for p in plans for k in p.valid_keys}
     twice = {m for m in measured if measured.count(m) > 1}
+    assert held not in twice, _twice(measured, by_study)
     assert twice <= killed and len(measured) <= total + len(killed), _twice(measured, by_study)
     for plan in plans:  # in the storage: one trial stands for each config, a measured one
         trials = by_study[plan.study_name]
@@ -134,10 +143,14 @@ def test_two_supervisors_share_one_postgres_search_and_survive_a_kill9(pg, tmp_p
     assert {str(a.pid), str(b.pid), str(a2.pid)} <= hosts  # all three supervisors measured
 
 
-def _in_flight(trial, supervisor_pid: int) -> bool:
-    """A trial a worker of this supervisor is measuring (it has claimed its config)."""
-    return (trial.state.name == "RUNNING" and "config" in trial.user_attrs
-            and f"/{supervisor_pid}/" in str(trial.user_attrs.get("worker", "")))
+def _held_trials(by_study, held) -> str:
+    """The trials of the held config, for the failure message."""
+    study, config = held
+    trials = [t for t in by_study.get(study, [])
+              if search.config_key(t.user_attrs.get("config") or {}) == config]
+    return "the held trial was not retried: " + "; ".join(
+        f"#{t.number} {t.state.name} start={t.datetime_start} end={t.datetime_complete} "
+        + json.dumps({k: v for k, v in t.user_attrs.items() if k != "config"}) for t in trials)
 
 
 def _stored(trial) -> bool:
