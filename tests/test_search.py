@@ -113,10 +113,11 @@ class FakeObjective:
 def _hold_now(study: str, key: str) -> bool:
     """FAKE_HOLD: is this evaluation the one to hold? The first to start after FAKE_DONE_LOG
     reached FAKE_HOLD_AFTER lines; O_EXCL makes it exactly one across processes."""
-    done = Path(os.environ["FAKE_DONE_LOG"])
     after = int(os.environ.get("FAKE_HOLD_AFTER", "0"))
-    if after and (not done.exists() or len(done.read_text().splitlines()) < after):
-        return False
+    if after:
+        done = Path(os.environ["FAKE_DONE_LOG"])  # FAKE_HOLD_AFTER counts its lines
+        if not done.exists() or len(done.read_text().splitlines()) < after:
+            return False
     try:
         fd = os.open(os.environ["FAKE_HOLD"], os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     except FileExistsError:

@@ -166,12 +166,11 @@ def measure_read_curve(sizes=READ_CURVE_BYTES, *, readers=None, groups: int = 5,
     the numbers mean nothing."""
     import torch
 
-    from . import bench
-    from .errors import CandidateFailure
-
     from kernels.common import sm_count
 
+    from . import bench
     from .device import is_hip
+    from .errors import CandidateFailure
 
     dev = torch.device(device) if device is not None else torch.device("cuda")
     gpu = dev.type == "cuda"

@@ -481,7 +481,7 @@ def describe(profile: DeviceProfile) -> str:
         lines.append("read curve " + ", ".join(
             (f"{p['bytes'] / 2**20:.0f} MiB" if p["bytes"] >= 2**20 else f"{p['bytes'] / 2**10:.0f} KiB")
             + f" {p['us']:.1f} us ({100 * p['bytes'] / (p['us'] * 1e-6) / bw:.0f}%)"
-            for p in points if isinstance(p.get("us"), (int, float)) and p["us"] == p["us"]))
+            for p in points if isinstance(p.get("us"), (int, float)) and math.isfinite(p["us"])))
     rb = (profile.notes or {}).get("read_bandwidth") or {}
     curve = (profile.notes or {}).get("read_curve") or {}
     if {"triton_stream_bytes_per_s", "torch_sum_bytes_per_s", "buffer_bytes"} <= set(rb):

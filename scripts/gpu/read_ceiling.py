@@ -38,6 +38,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from kernels.common import sm_count  # noqa: E402
 from tuner import bench, ceilings  # noqa: E402
 from tuner.device import measure_read_bandwidth  # noqa: E402
 
@@ -127,7 +128,7 @@ def programs_probe() -> list[dict]:
     nbytes = 8 * MiB if SMOKE else 96 * MiB
     count = 1 if SMOKE else max(2, -(-2 * bench.l2_bytes() // nbytes) + 1)
     sets = ceilings.read_sets(nbytes, count, DEVICE)
-    sms = 4 if SMOKE else torch.cuda.get_device_properties(0).multi_processor_count
+    sms = 4 if SMOKE else sm_count()
     rows = []
     for grid in ((2, 4) if SMOKE else (64, 96, 128, 132, 192, 256, 264)):
         fn = ceilings.reader_call("tma-32x256-s4-p1", sms, use_desc=not SMOKE, programs=grid)
@@ -156,7 +157,7 @@ def main():
         RESULTS["warm"] = curve({f"{s / MiB:g} MiB": s for s in L2_SIZES}, "warm")
     if "3" in parts:
         say("3. broadcast reads (many programs, the same bytes)")
-        sms = 4 if SMOKE else torch.cuda.get_device_properties(0).multi_processor_count
+        sms = 4 if SMOKE else sm_count()
         RESULTS["broadcast"] = [broadcast(c, p * sms) for c, p in ((4, 4), (4, 8), (8, 8))]
 
     print("\nRESULTS-JSON " + json.dumps(RESULTS, default=str))
