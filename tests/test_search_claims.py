@@ -89,3 +89,58 @@ def test_known_configs_are_queued_right_after_the_default_and_read_back_in_order
     queued = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
     assert [t.user_attrs["role"] for t in queued[:4]] == ["default", "known", "known", "startup"]
     assert claims.queued_configs(study, plan)[:3] == [DEFAULT] + expected_known
+
+
+def test_an_orphan_is_failed_and_requeued_but_a_trial_that_claimed_its_config_since_is_not(tmp_path):
+    """Rule 6 on a list read before a slow live worker wrote its config (a loaded host): only
+    the trial still without a config is failed (ORPHAN) and its queued config enqueued again
+    with retry_of; its late worker's config write then fails, so it measures nothing."""
+    import time
+
+    plan = plans_for("orphan-test")[0]
+    study, _ = _study(tmp_path, plan)
+    params = search.valid_params(plan)[:2]
+    for p in params:
+        study.enqueue_trial(p, user_attrs={"role": "grid"})
+    dead, slow = study.ask(), study.ask()  # both popped from the queue, neither wrote a config
+    trials = study.get_trials(deepcopy=False)
+    time.sleep(0.05)
+    slow.set_user_attr("config", {**plan.default_config, **params[1]})  # claimed after the read
+    assert claims.fail_orphans(study, trials, grace_s=0.01) == 1
+    after = {t.number: t for t in study.get_trials(deepcopy=False)}
+    assert after[dead.number].state == TrialState.FAIL
+    assert after[dead.number].user_attrs["failure"] == claims.ORPHAN
+    assert after[slow.number].state == TrialState.RUNNING
+    retry = [t for t in after.values() if t.user_attrs.get("retry_of") == dead.number]
+    assert len(retry) == 1 and retry[0].state == TrialState.WAITING
+    assert claims.trial_params(retry[0]) == params[0]
+    try:
+        dead.set_user_attr("config", {**plan.default_config, **params[0]})
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
+    else:
+        raise AssertionError("a failed orphan's late config write went through")
+    assert claims.read_state(study.get_trials(deepcopy=False), plan).measured == 0
+
+
+def test_a_trial_being_failed_while_it_claims_its_config_does_not_measure(tmp_path):
+    """Another process has begun failing the trial (its ``failure`` written, the state not
+    yet), or has failed it: `taken` raises UpdateFinishedTrialError, so `run_trial` ends it
+    "lost" instead of measuring a config whose retry is queued."""
+    import pytest
+
+    plan = plans_for("claim-race-test")[0]
+    study, _ = _study(tmp_path, plan)
+    params = search.valid_params(plan)[:2]
+    live, half, done = (study.ask({k: optuna.distributions.CategoricalDistribution(v)
+                                   for k, v in plan.space.params.items()}) for _ in range(3))
+    for t, p in zip((live, half, done), (*params, params[0])):
+        t.set_user_attr("config", {**plan.default_config, **p})
+    key = search.config_key({**plan.default_config, **params[1]})
+    assert claims.taken(half, plan, key) is None  # nobody else has it: measure
+    study._storage.set_trial_user_attr(half._trial_id, "failure", claims.ORPHAN)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        claims.taken(half, plan, key)
+    study._storage.set_trial_state_values(done._trial_id, TrialState.FAIL)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        claims.taken(done, plan, search.config_key({**plan.default_config, **params[0]}))

@@ -43,7 +43,10 @@ clocks. The seven rules, each implemented once, here:
 6. **Orphans** (`fail_orphans`): a RUNNING trial with no config, older than the grace period, is
    a worker that died between creating the trial and its first heartbeat (Optuna's heartbeat
    check never sees it): FAIL ``worker died: before the trial started``, not counted, its queued
-   config enqueued again.
+   config enqueued again (``retry_of``, so a retry may itself be retried this way). Each trial is
+   read again right before it is failed. A live worker slower than the grace period between
+   creating its trial and writing the config (a loaded host) is failed the same way; its config
+   write then fails, and it measures nothing.
 7. **Unexplored** (`enqueue_unexplored`): after MAX_SAMPLER_REPEATS trials in a row of one
    worker on one study that spent no GPU time (duplicates, constraint violations, step-asides),
    the worker enqueues a valid config that no trial has, measures or queues
@@ -254,12 +257,20 @@ def taken(trial, plan: StudyPlan, key: str):
     """The trial that already has this config, read from the storage now: the one whose outcome
     stands for it (finished), or one measuring it right now that started before this trial
     (RUNNING); None when this trial is the one to measure it. Called after the trial wrote its
-    config, so of two trials taking a config at the same moment the later one sees the earlier."""
+    config, so of two trials taking a config at the same moment the later one sees the earlier.
+    Raises UpdateFinishedTrialError when this trial itself is being failed meanwhile (rule 6 on a
+    slow worker, or rule 5): it must not measure, its retry will."""
+    import optuna
     from optuna.trial import TrialState
 
     mine = (trial.datetime_start, trial.number)
     while True:
-        others = [t for t in trial.study.get_trials(deepcopy=False) if t.number != trial.number]
+        trials = trial.study.get_trials(deepcopy=False)
+        me = next((t for t in trials if t.number == trial.number), None)
+        if me is not None and (me.state != TrialState.RUNNING or "failure" in me.user_attrs):
+            raise optuna.exceptions.UpdateFinishedTrialError(
+                f"trial {trial.number} was failed while it claimed its config")
+        others = [t for t in trials if t.number != trial.number]
         known = read_state(others, plan).known.get(key)
         if known is not None:
             return known
@@ -375,17 +386,29 @@ def fail_trial(study, trial_id: int, reason: str, *, retry: bool) -> bool:
 
 # ------------------------------------------------------------------------------ 6. orphans
 def fail_orphans(study, trials, grace_s: float | None) -> int:
-    """Rule 6: fail RUNNING trials without a config older than the grace period; a queued
-    config goes back into the queue. Returns how many were failed."""
+    """Rule 6: fail RUNNING trials without a config older than the grace period (each read again
+    from the storage right before it is failed); a queued config goes back into the queue, with
+    ``retry_of`` this trial. Returns how many were failed. A live worker slower than the grace
+    period between asking its trial and writing its config is failed too: its config write then
+    raises UpdateFinishedTrialError and it measures nothing (`run_trial`: "lost")."""
     import optuna
     from optuna.trial import TrialState
 
-    now = datetime.datetime.now()
     limit = datetime.timedelta(seconds=float(grace_s or 60))
+
+    def orphan(t) -> bool:
+        return (t.state == TrialState.RUNNING and "config" not in t.user_attrs
+                and t.datetime_start is not None
+                and datetime.datetime.now() - t.datetime_start >= limit)
+
     failed = 0
     for t in trials:
-        if (t.state != TrialState.RUNNING or "config" in t.user_attrs or t.datetime_start is None
-                or now - t.datetime_start < limit):
+        if not orphan(t):
+            continue
+        # `trials` may be seconds old on a loaded host: a slow but live worker may have claimed
+        # its config since; read the trial again right before failing it
+        t = study._storage.get_trial(t._trial_id)
+        if not orphan(t):
             continue
         try:
             study._storage.set_trial_user_attr(t._trial_id, "failure", ORPHAN)
