@@ -39,7 +39,9 @@ clocks. The seven rules, each implemented once, here:
    ``timeout: ...`` and not retried: it costs a whole timeout. A measurement is stored when its
    trial is told: a worker killed after the objective returned but before the tell (a few
    storage writes) loses it, and the retry measures that config again; this is the one way a
-   config is measured twice.
+   config is measured twice. Another trial may measure the config in the moment between the
+   FAIL and the retry's enqueue (a random draw of an emptied grid queue): the study is then done
+   with the retry still queued, and a later run answers it as a duplicate (rule 2).
 6. **Orphans** (`fail_orphans`): a RUNNING trial with no config, older than the grace period, is
    a worker that died between creating the trial and its first heartbeat (Optuna's heartbeat
    check never sees it): FAIL ``worker died: before the trial started``, not counted, its queued
