@@ -172,7 +172,11 @@ def read_parquet(path: str | Path, what: str, hint: str = "") -> pd.DataFrame:
                      "does the whole job")
         raise TunerError(f"{path} is {kind}, not a {what} (parquet){takes}")
     try:
-        return pd.read_parquet(path)
+        # one open file: a writer's os.replace between pyarrow's footer read and its page reads
+        # would otherwise mix two files ("Couldn't deserialize thrift"); the handle keeps the
+        # file this read started on (`tuner harvest --watch` rewrites its table while others read)
+        with open(path, "rb") as fh:
+            return pd.read_parquet(fh)
     except Exception as exc:  # pyarrow raises several types for a bad file
         text = str(exc).strip().splitlines()
         raise TunerError(f"cannot read {what} {path}: {text[0] if text else type(exc).__name__}"
