@@ -176,11 +176,16 @@ def _retry_of(trials: dict, lost):
 def _held_trials(by_study, held, why="the held trial was not retried") -> str:
     """The trials of the held config, for the failure message."""
     study, config = held
-    trials = [t for t in by_study.get(study, [])
-              if search.config_key(t.user_attrs.get("config") or {}) == config]
-    return f"{why}: " + "; ".join(
-        f"#{t.number} {t.state.name} start={t.datetime_start} end={t.datetime_complete} "
-        + json.dumps({k: v for k, v in t.user_attrs.items() if k != "config"}) for t in trials)
+    return f"{why}: " + "; ".join(_trials_of_config(by_study, study, config))
+
+
+def _trials_of_config(by_study, study, config) -> list[str]:
+    """One line per trial of `study` with `config` (a config key), for failure messages."""
+    return [f"{study} #{t.number} {t.state.name} start={t.datetime_start} "
+            f"end={t.datetime_complete} "
+            + json.dumps({k: v for k, v in t.user_attrs.items() if k != "config"})
+            for t in by_study.get(study, [])
+            if search.config_key(t.user_attrs.get("config") or {}) == config]
 
 
 def _stored(trial) -> bool:
@@ -198,11 +203,7 @@ def _twice(measured, by_study) -> str:
     """The trials of each config measured more than once, for the failure message."""
     lines = []
     for study, config in {m for m in measured if measured.count(m) > 1}:
-        for t in by_study[study]:
-            if search.config_key(t.user_attrs.get("config") or {}) == config:
-                lines.append(f"{study} #{t.number} {t.state.name} start={t.datetime_start} "
-                             f"end={t.datetime_complete} " + json.dumps(
-                                 {k: v for k, v in t.user_attrs.items() if k != "config"}))
+        lines += _trials_of_config(by_study, study, config)
     return "measured twice:\n" + "\n".join(lines)
 
 
