@@ -529,3 +529,49 @@ def test_rank_compiled_baseline_flag_reaches_the_gpu_measurement(tmp_path, monke
     rank.rank(url, family="gemv", progress=False, identity=ident, compiled_baseline=True)
     rank.rank(url, family="gemv", progress=False, identity=ident)
     assert asked == ["compiled-baseline", "baseline"]
+
+
+# ------------------------------------------------------------- a damaged storage is one line
+DAMAGED_STUDY = [("shape", "m=4"), ("shape", [1, 2]), ("calls_per_step", "many"),
+                 ("step_us", {"a": 1}), ("hit_rate", "x"), ("hit_rate", -1.0),
+                 ("family", 7), ("default_config", [1]), ("phase", ["decode"])]
+DAMAGED_TRIAL = [("config", "ROWS_PER_BLOCK=8"), ("config", [1, 2]), ("median_us", "fast"),
+                 ("median_us", [4.0]), ("median_us", True)]
+
+
+@pytest.mark.parametrize("where,key,value", [("study", k, v) for k, v in DAMAGED_STUDY]
+                         + [("trial", k, v) for k, v in DAMAGED_TRIAL])
+def test_rank_on_damaged_study_attributes_is_one_line(tmp_path, capsys, where, key, value):
+    """A study or trial attribute of the wrong kind (a hand-edited or damaged storage) was an
+    'internal error' (exit 1: dict('m=4'), float('many')); it is one line naming the study,
+    the trial and the attribute, exit 2, and no verdict file."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    study = make_study(url, "m=4,n=4864,k=896,dtype=bfloat16", 48.0,
+                       [(cfg(8), 4.0, "exact", "ok"), (cfg(4), 4.1, "exact", "ok")])
+    if where == "study":
+        study.set_user_attr(key, value)
+    else:
+        user = {"config": cfg(2), "median_us": 3.8, "parity": "exact", key: value}
+        study.add_trial(optuna.trial.create_trial(value=3.8, user_attrs=user, params={},
+                                                  distributions={}))
+    out = tmp_path / "verdicts"
+    rc = main(["rank", "--storage", url, "--device", "nvidia-h200", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.count("\n") == 1 and err.startswith("tuner: error: "), err
+    assert "internal error" not in err and f"user attribute {key} is {value!r}" in err
+    assert "study nvidia-h200:gemv:m=4,n=4864,k=896,dtype=bfloat16" in err
+    if where == "trial":
+        assert "trial 2 of study" in err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_rank_keeps_an_unmeasured_time_in_the_study_attributes(tmp_path):
+    """baseline_us None (its timing failed) or NaN is no damage: the study is ranked."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    study = make_study(url, "m=4,n=4864,k=896,dtype=bfloat16", 48.0,
+                       [(cfg(8), 4.0, "exact", "ok")])
+    study.set_user_attr("baseline_us", None)
+    study.set_user_attr("default_us", math.nan)
+    studies = rank.load_studies(url, family="gemv")
+    assert [c.config for c in studies[0].candidates] == [cfg(8)]

@@ -310,7 +310,8 @@ def feasible(trial) -> bool:
     return bool(attrs.get("config"))
 
 
-def best_distinct(trials, top: int, default_config: dict | None = None) -> list[Candidate]:
+def best_distinct(trials, top: int, default_config: dict | None = None,
+                  study_name: str = "") -> list[Candidate]:
     """The `top` fastest distinct configs among feasible COMPLETE trials (by median_us), plus
     the family's default config when it was measured feasible but is not among them: a search
     time of a few µs is noisy, and when the re-measurement shows the default is the fastest, the
@@ -325,7 +326,14 @@ def best_distinct(trials, top: int, default_config: dict | None = None) -> list[
         us = t.user_attrs.get("median_us", t.value)
         if us is None or (isinstance(us, float) and math.isnan(us)):
             continue
-        ranked.append((float(us), t.number, dict(t.user_attrs["config"])))
+        config = t.user_attrs["config"]
+        if not isinstance(config, dict) or not _is_number(us):
+            bad = ("config", config) if not isinstance(config, dict) else ("median_us", us)
+            raise TunerError(f"trial {t.number}{_of_study(study_name)}: user attribute "
+                             f"{bad[0]} is {_shown(bad[1])}, not a "
+                             f"{'dict' if bad[0] == 'config' else 'number'}: the study storage "
+                             f"is damaged (delete that trial or its study, or search again)")
+        ranked.append((float(us), t.number, dict(config)))
     ranked.sort(key=lambda item: (item[0], item[1]))
     out = []
     for us, number, config in ranked:
@@ -355,6 +363,45 @@ def trials_note(trials) -> str:
             f"{mismatch} parity mismatch")
 
 
+def _is_number(x) -> bool:
+    """A real number (NaN included: an unmeasured time); not a bool, a string or a list."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _of_study(name: str) -> str:
+    return f" of study {name}" if name else ""
+
+
+# The pinned study attributes rank reads (docs/interfaces.md): what each must hold.
+_STUDY_ATTRS = {
+    "family": (str, "a family name"), "shape": (dict, "a dict"), "shape_key": (str, "a string"),
+    "device": (str, "a string"), "phase": (str, "a string"), "backend": (str, "a string"),
+    "calls_per_step": (float, "a number >= 0"), "step_us": (float, "a number >= 0"),
+    "hit_rate": (float, "a number >= 0"), "baseline_us": (float, "a number >= 0"),
+    "default_us": (float, "a number >= 0"), "default_config": (dict, "a dict"),
+}
+
+
+def _check_study_attrs(name: str, attrs: dict) -> None:
+    """A TunerError naming the first pinned attribute of a study that holds the wrong kind of
+    value (a damaged or hand-edited storage); absent and None values are left to the defaults."""
+    for key, (kind, what) in _STUDY_ATTRS.items():
+        value = attrs.get(key)
+        if value is None and key not in ("family", "shape"):
+            continue
+        number = _is_number(value) and not value < 0
+        ok = number if kind is float else isinstance(value, kind)
+        if not ok:
+            raise TunerError(f"study {name}: user attribute {key} is {_shown(value)}, not "
+                             f"{what}: the study storage is damaged (delete the study or search "
+                             f"that shape again)")
+
+
 def load_studies(storage: str | None, *, family: str | None = None, device: str | None = None,
                  top: int = DEFAULT_TOP, names: list[str] | None = None) -> list[StudyInfo]:
     """The tuner studies in a storage (optionally only these study names), each with its best
@@ -380,6 +427,7 @@ def load_studies(storage: str | None, *, family: str | None = None, device: str 
             continue
         if names is not None and summary.study_name not in names:
             continue
+        _check_study_attrs(summary.study_name, attrs)
         study = optuna.load_study(study_name=summary.study_name, storage=url)
         info_ = StudyInfo(
             name=summary.study_name, family=attrs["family"], shape=dict(attrs["shape"]),
@@ -390,7 +438,7 @@ def load_studies(storage: str | None, *, family: str | None = None, device: str 
             baseline_us=attrs.get("baseline_us"), default_us=attrs.get("default_us"),
             default_config=attrs.get("default_config"))
         trials = study.get_trials(deepcopy=False)
-        info_.candidates = best_distinct(trials, top, info_.default_config)
+        info_.candidates = best_distinct(trials, top, info_.default_config, summary.study_name)
         info_.trials_note = trials_note(trials)
         studies.append(info_)
     if not studies:
