@@ -22,37 +22,27 @@ confidence interval of that median. `aa_noise` runs the same config against itse
 and so measures the protocol's noise.
 
 Anything that fails to compile or launch raises `CandidateFailure(reason)`.
+
+The top floor of the measuring core (docs/interfaces.md): the timer and `time_callable` are
+tuner.timing's, the detection tuner.hardware's (both re-exported here), parity tuner.parity's;
+nothing below imports this module.
 """
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 
+from . import hardware
 from .errors import CandidateFailure, TunerError, one_line, warn
-from .timing import GraphTimer, bootstrap_median_interval, median, spread_pct
+from .hardware import FALLBACK_L2_BYTES
+from .timing import (DEFAULT_GROUPS, DEFAULT_REPLAYS, MAX_INPUT_SETS, GraphTimer, Timing,
+                     bootstrap_median_interval, cold_sets, median, set_bytes, time_callable)
 
 __all__ = ["DEFAULT_GROUPS", "DEFAULT_REPLAYS", "FALLBACK_L2_BYTES", "MAX_INPUT_SETS", "BenchRow",
            "Paired", "Timing", "aa_noise", "backend_name", "bench_one", "compare", "format_rows",
            "l2_bytes", "make_input_sets", "paired_from_groups", "parse_config", "parse_shape",
            "run_command", "sweep", "time_baseline", "time_callable", "time_config"]
-
-DEFAULT_GROUPS = 10
-DEFAULT_REPLAYS = 10
-MAX_INPUT_SETS = 256
-FALLBACK_L2_BYTES = 64 << 20
-
-
-@dataclass
-class Timing:
-    median_us: float  # median of group medians, µs per call
-    spread_pct: float  # (max - min) / 2 of the group medians, as % of the median
-    group_us: list[float]
-    cache: str  # "cold" or "warm"
-    calls_per_graph: int = 0
-    input_sets: int = 0
-    rotated_bytes: int = 0  # bytes of all input sets together (cold: > 2 x L2 unless capped)
 
 
 @dataclass
@@ -117,29 +107,12 @@ def _on(dev):
 def backend_name(device=None) -> str:
     """'cuda', 'hip', or 'dcu' (a Hygon DCU: hip narrowed) for the visible GPU; 'cuda' for the
     CPU interpreter."""
-    from . import device as devmod
-
-    dev = _device(device)
-    if dev.type == "cpu":
-        return "cuda"
-    fields = devmod.detect(dev.index)
-    return "dcu" if fields["is_dcu"] else fields["backend"]
+    return hardware.space_backend(_device(device))
 
 
 def l2_bytes(device=None) -> int:
-    dev = _device(device)
-    if dev.type == "cpu":
-        return FALLBACK_L2_BYTES
-    props = _torch().cuda.get_device_properties(dev)
-    return int(getattr(props, "L2_cache_size", 0) or 0) or FALLBACK_L2_BYTES
-
-
-def _tensor_bytes(inputs: dict) -> int:
-    total = 0
-    for value in inputs.values():
-        if hasattr(value, "element_size") and hasattr(value, "numel"):
-            total += value.element_size() * value.numel()
-    return total
+    """L2 bytes of the timing's device (FALLBACK_L2_BYTES for the CPU interpreter)."""
+    return hardware.l2_cache_bytes(_device(device))
 
 
 def make_input_sets(family, shape: dict, cache: str = "cold", device=None,
@@ -153,10 +126,8 @@ def make_input_sets(family, shape: dict, cache: str = "cold", device=None,
     sets = [first]
     if cache == "warm":
         return sets
-    per_set = max(1, _tensor_bytes(first))
     l2 = l2 if l2 is not None else l2_bytes(dev)
-    wanted = min(MAX_INPUT_SETS, max(2, math.ceil(2 * l2 / per_set) + 1))
-    for i in range(1, wanted):
+    for i in range(1, cold_sets(set_bytes(first), l2)):
         sets.append(family.make_inputs(shape, dev, seed + i))
     return sets
 
@@ -234,21 +205,7 @@ def _callable_for(family, shape: dict, which, backend: str):
     return str(config), lambda inputs: family.launch(inputs, config)
 
 
-def _timing(groups: list[float], cache: str, timer: GraphTimer) -> Timing:
-    return Timing(median_us=median(groups), spread_pct=spread_pct(groups), group_us=list(groups),
-                  cache=cache, calls_per_graph=timer.calls, input_sets=len(timer.sets),
-                  rotated_bytes=sum(_tensor_bytes(s) for s in timer.sets))
-
-
 # ------------------------------------------------------------------------------------ public API
-def time_callable(fn, input_sets: list[dict], *, cache: str = "cold", groups: int = DEFAULT_GROUPS,
-                  replays: int = DEFAULT_REPLAYS, **timer_options) -> Timing:
-    """Time fn(inputs) under the protocol on ready-made input sets."""
-    timer = GraphTimer(fn, input_sets, **timer_options)
-    results = [timer.group(replays) for _ in range(groups)]
-    return _timing(results, cache, timer)
-
-
 def time_config(family, shape: dict, config, *, cache: str = "cold", device=None,
                 groups: int = DEFAULT_GROUPS, replays: int = DEFAULT_REPLAYS,
                 input_sets: list[dict] | None = None, **timer_options) -> Timing:
@@ -305,8 +262,8 @@ def compare(family, shape: dict, candidate, reference="baseline", *, cache: str 
                 cand_groups.append(cand_timer.group(replays))
                 ref_groups.append(ref_timer.group(replays))
         speedup, low, high = paired_from_groups(ref_groups, cand_groups)
-        ref_t = _timing(ref_groups, cache, ref_timer)
-        cand_t = _timing(cand_groups, cache, cand_timer)
+        ref_t = Timing.from_groups(ref_groups, cache, ref_timer)
+        cand_t = Timing.from_groups(cand_groups, cache, cand_timer)
         return Paired(reference_us=ref_t.median_us, candidate_us=cand_t.median_us,
                       speedup=speedup, speedup_low=low, speedup_high=high,
                       noise_pct=ref_t.spread_pct, reference=ref_t, candidate=cand_t)

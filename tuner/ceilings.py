@@ -7,10 +7,10 @@ kernel of 2-60 µs, where that fixed cost is several percent of the time: no ker
 117 MB weight at the big-buffer bandwidth. The read curve measures what one kernel can do at
 each size, as the kernels themselves are timed (tuner.bench's protocol: CUDA-graph replays,
 median of group medians, buffers rotated past 2 x L2 so every read comes from HBM), with a few
-read-only streaming kernels, keeping the fastest at each size:
+read-only streaming kernels (tuner.readers), keeping the fastest at each size:
 
 - `stream`: many programs, each summing STEPS x BLOCK int32 values with wide loads, all its
-  loads issued before the first add (`tuner.device.stream_read_kernel`, the bandwidth kernel);
+  loads issued before the first add (`tuner.readers.stream_read_kernel`, the bandwidth kernel);
 - `tma`: one or two programs a multiprocessor, each walking its contiguous share of the buffer in
   [BLOCK_R, 256] int32 tiles through a pipeline of STAGES tensor-memory-accelerator copies into
   shared memory (sm90; the weight path of the skinny GEMM kernel without its MMAs). Under the
@@ -30,128 +30,29 @@ only bandwidth before): on the H200 (2026-12-01, session 20) that event-timed 2-
 3.93-4.60 TB/s in four measurements of one machine within ten minutes, while the same stream
 kernel in graph replays read 2 GiB at 4.69 TB/s and the curve's slope was 4.71 TB/s. A floor
 from the low reading is no floor: the kernels' own "% of bandwidth" went past 100%.
+
+The second floor of the measuring core (docs/interfaces.md): it stands on the read-only kernels
+(tuner.readers, whose names it re-exports), the timer (tuner.timing) and the detection
+(tuner.hardware); the device profile (tuner.device) stands on it.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["READ_CURVE_BYTES", "READERS", "choose_bandwidth", "fit", "measure_read_curve",
-           "read_sets", "reader_call", "reader_plan", "slope"]
+from .errors import CandidateFailure
+from .hardware import is_hip, l2_cache_bytes
+from .readers import CHUNK_BYTES, READERS, TMA_COLUMNS, read_sets, reader_call, reader_plan
+from .timing import cold_sets, time_callable
+
+__all__ = ["CHUNK_BYTES", "READ_CURVE_BYTES", "READERS", "TMA_COLUMNS", "choose_bandwidth", "fit",
+           "measure_read_curve", "read_sets", "reader_call", "reader_plan", "slope"]
 
 # from a quarter MiB (the smallest decode linears: a 0.5B model's projections) to 2 GiB; the small
 # sizes keep the read latency under what small reads take (its line must stay under every point)
 READ_CURVE_BYTES = (256 << 10, 1 << 20, 2 << 20, 4 << 20) + tuple(
     mib << 20 for mib in (8, 16, 32, 64, 128, 256, 512, 1024, 2048))
 SLOPE_MIN_BYTES = 32 << 20  # the line's slope is fitted over sizes from here up
-TMA_COLUMNS = 256  # int32 values a row of the tma reader's 2-D view (1 KiB)
-CHUNK_BYTES = 256 << 10  # every reader's unit: sizes are rounded down to whole chunks
-
-# name: (kind, constexprs, num_warps, programs a multiprocessor for the persistent kinds)
-READERS = {
-    "stream-4096x8-w8": ("stream", {"BLOCK": 4096, "STEPS": 8}, 8, None),
-    "stream-2048x8-w4": ("stream", {"BLOCK": 2048, "STEPS": 8}, 4, None),
-    "stream-4096x16-w8": ("stream", {"BLOCK": 4096, "STEPS": 16}, 8, None),
-    "tma-32x256-s4-p1": ("tma", {"BLOCK_R": 32, "STAGES": 4}, 4, 1),
-    "tma-32x256-s6-p1": ("tma", {"BLOCK_R": 32, "STAGES": 6}, 4, 1),
-    "tma-16x256-s4-p2": ("tma", {"BLOCK_R": 16, "STAGES": 4}, 4, 2),
-    "cpasync-32x256-s4-p1": ("cpasync", {"BLOCK_R": 32, "STAGES": 4}, 4, 1),
-}
-
-_KERNELS: dict = {}
-
-
-def _tma_kernel():
-    if "tma" not in _KERNELS:
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def tma_stream_read(desc, src, dst, blocks, per_program, BLOCK_R: tl.constexpr,
-                            COLUMNS: tl.constexpr, STAGES: tl.constexpr, USE_DESC: tl.constexpr):
-            """Program p sums the row blocks [p * per_program, (p + 1) * per_program) of the
-            [rows, COLUMNS] int32 view: a descriptor load a block (USE_DESC), or pointer loads."""
-            pid = tl.program_id(0)
-            start = pid * per_program
-            end = tl.minimum(start + per_program, blocks)
-            acc = tl.zeros([BLOCK_R, COLUMNS], dtype=tl.int32)
-            offs = tl.arange(0, BLOCK_R)[:, None] * COLUMNS + tl.arange(0, COLUMNS)[None, :]
-            for b in tl.range(start, end, num_stages=STAGES):
-                if USE_DESC:
-                    acc += desc.load([b * BLOCK_R, 0])
-                else:
-                    acc += tl.load(src + b * (BLOCK_R * COLUMNS) + offs)  # < 2**31 values
-            tl.store(dst + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
-
-        _KERNELS["tma"] = tma_stream_read
-    return _KERNELS["tma"]
-
-
-def read_sets(nbytes: int, count: int, device) -> list[dict]:
-    """`count` buffers of `nbytes` (rounded down to whole 256 KiB chunks, at least one) of random
-    int32 values on `device`, as input sets {"buf": tensor}."""
-    import torch
-
-    elements = max(1, int(nbytes) // CHUNK_BYTES) * (CHUNK_BYTES // 4)
-    return [{"buf": torch.randint(-1000, 1000, (elements,), dtype=torch.int32, device=device)}
-            for _ in range(max(1, int(count)))]
-
-
-def reader_plan(name: str, buf, sms: int, *, use_desc: bool = True, programs: int | None = None,
-                part=None):
-    """(KernelCall, partials): the one launch with which reader `name` (READERS) reads `buf`
-    (int32, whole 256 KiB chunks) on a device of `sms` multiprocessors, and the int32 tensor of
-    its partial sums (one a program; they add up to the buffer's sum, wrapping at 32 bits;
-    `part` is used where it has that size). `use_desc` False: the tma reader with pointer
-    loads (hip, the CPU interpreter); `programs`: the persistent kinds' grid instead of their
-    programs a multiprocessor (a probe of how many programs a read needs). Works on meta
-    tensors (offline compiles, kernels.common.compile_call)."""
-    import torch
-
-    from kernels.common import KernelCall
-
-    kind, meta, warps, per_sm = READERS[name]
-    if kind == "stream":
-        from .device import stream_read_kernel
-
-        grid = buf.numel() // (meta["BLOCK"] * meta["STEPS"])  # CHUNK_BYTES: whole programs
-    else:
-        blocks = buf.numel() // TMA_COLUMNS // meta["BLOCK_R"]
-        grid = max(1, min(blocks, programs or sms * per_sm))
-        per_program = math.ceil(blocks / grid)
-        grid = math.ceil(blocks / per_program)
-    if part is None or part.numel() != grid or part.device != buf.device:
-        part = torch.empty(grid, dtype=torch.int32, device=buf.device)
-    options = {"num_warps": warps}
-    if kind == "stream":
-        return KernelCall(stream_read_kernel(), (grid,), (buf, part), dict(meta), options), part
-    use_desc = use_desc and kind == "tma"
-    desc = buf
-    if use_desc:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        rows = buf.numel() // TMA_COLUMNS
-        desc = TensorDescriptor(buf.view(rows, TMA_COLUMNS), [rows, TMA_COLUMNS],
-                                [TMA_COLUMNS, 1], [meta["BLOCK_R"], TMA_COLUMNS])
-    constexprs = dict(BLOCK_R=meta["BLOCK_R"], COLUMNS=TMA_COLUMNS, STAGES=meta["STAGES"],
-                      USE_DESC=use_desc)
-    return KernelCall(_tma_kernel(), (grid,), (desc, buf, part, blocks, per_program), constexprs,
-                      options), part
-
-
-def reader_call(name: str, sms: int, *, use_desc: bool = True, programs: int | None = None):
-    """fn(inputs) that reads inputs["buf"] once with reader `name` (`reader_plan`) and returns
-    its int32 partial sums; the partials' tensor is kept from call to call (graph capture)."""
-    partials: dict = {}
-
-    def run(inputs):
-        buf = inputs["buf"]
-        key = (buf.numel(), str(buf.device))
-        call, partials[key] = reader_plan(name, buf, sms, use_desc=use_desc, programs=programs,
-                                          part=partials.get(key))
-        call.run()
-        return partials[key]
-    return run
 
 
 def measure_read_curve(sizes=READ_CURVE_BYTES, *, readers=None, groups: int = 5,
@@ -168,21 +69,16 @@ def measure_read_curve(sizes=READ_CURVE_BYTES, *, readers=None, groups: int = 5,
 
     from kernels.common import sm_count
 
-    from . import bench
-    from .device import is_hip
-    from .errors import CandidateFailure
-
     dev = torch.device(device) if device is not None else torch.device("cuda")
     gpu = dev.type == "cuda"
     sms = sm_count(dev) if gpu else 4
     names = list(readers or READERS)
     hip = is_hip()
-    l2 = bench.l2_bytes(dev)
+    l2 = l2_cache_bytes(dev)
     free = torch.cuda.mem_get_info(dev)[0] if gpu else None
     points = []
     for nbytes in sizes:
-        count = 1 if cache == "warm" else min(
-            bench.MAX_INPUT_SETS, max(2, math.ceil(2 * l2 / max(1, nbytes)) + 1))
+        count = 1 if cache == "warm" else cold_sets(nbytes, l2)
         if free is not None and count * nbytes > free // 2:
             points.append({"bytes": int(nbytes), "us": math.nan, "reader": None,
                            "readers": {}, "skipped": "not enough free device memory"})
@@ -194,7 +90,7 @@ def measure_read_curve(sizes=READ_CURVE_BYTES, *, readers=None, groups: int = 5,
             fn = reader_call(name, sms, use_desc=gpu and not hip)
             try:
                 options = {"min_calls": len(sets), **timer_options}
-                timing = bench.time_callable(fn, sets, cache=cache, groups=groups,
+                timing = time_callable(fn, sets, cache=cache, groups=groups,
                                              replays=replays, **options)
                 timed[name] = timing.median_us
             except CandidateFailure as exc:

@@ -3,6 +3,11 @@
 A DeviceProfile is saved as JSON under artifacts/devices/<name>.json. Measured profiles come from
 `tuner device` on the GPU; `SPEC_PROFILES` holds published datasheet peaks, labelled as such,
 for screening on a machine without the GPU.
+
+The third floor of the measuring core (docs/interfaces.md): the profile's measurement stands on
+the detection (tuner.hardware: `detect`, `is_hip`, `versions`, `DCU_ARCHS`, re-exported here),
+the timer (tuner.timing), the read-only kernels (tuner.readers: `stream_read_kernel`, re-exported)
+and the read curve (tuner.ceilings); none of them imports this module.
 """
 
 from __future__ import annotations
@@ -14,7 +19,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import ceilings
 from .errors import TunerError
+from .hardware import DCU_ARCHS, detect, detect_fields, is_hip, require_gpu, versions
+from .readers import stream_read_kernel
+from .timing import median, time_events
+from .units import parse_bandwidth, parse_matmul_rate
 
 __all__ = ["DCU_ARCHS", "DEVICES_DIR", "DeviceProfile", "choose_profile", "describe", "detect",
            "detect_fields", "find_saved_profile", "is_hip", "load_profile", "measure",
@@ -22,10 +32,6 @@ __all__ = ["DCU_ARCHS", "DEVICES_DIR", "DeviceProfile", "choose_profile", "descr
            "save_profile", "spec_key_for", "spec_names", "stream_read_kernel", "versions"]
 
 DEVICES_DIR = Path("artifacts") / "devices"
-
-# Hygon DCU arch names (ROCm, wave64). Upstream Triton does not know them.
-DCU_ARCHS = ("gfx926", "gfx928", "gfx936", "gfx938")
-
 
 @dataclass
 class DeviceProfile:
@@ -156,8 +162,6 @@ def choose_profile(device: str | Path | None = None, trace_devices=(), *, gpu: b
     else a TunerError that says what to give. `bandwidth` / `matmul_rate` (e.g. '4.8TB/s',
     '989TFLOPs') override the chosen profile's rates.
     """
-    from .units import parse_bandwidth, parse_matmul_rate
-
     directory = Path(directory) if directory is not None else DEVICES_DIR
     bandwidth_bps = parse_bandwidth(bandwidth) if bandwidth else None
     rate = parse_matmul_rate(matmul_rate) if matmul_rate else None
@@ -208,91 +212,10 @@ def choose_profile(device: str | Path | None = None, trace_devices=(), *, gpu: b
     return profile, label
 
 
-# ----------------------------------------------------------------------------------- detection
-def detect_fields(props, hip_version: str | None, cuda_version: str | None) -> dict:
-    """Map a torch device-properties object (or anything with the same attributes) and torch's
-    version strings to the identity fields of a DeviceProfile. Pure: testable without a GPU.
-
-    props needs `name`, `multi_processor_count`, and where available `L2_cache_size`,
-    `warp_size`, `gcnArchName` (ROCm) or `major`/`minor` (CUDA)."""
-    name = str(getattr(props, "name", "") or "unknown GPU").strip()
-    if hip_version:
-        backend = "hip"
-        arch_full = str(getattr(props, "gcnArchName", "") or "")
-        arch = arch_full.split(":")[0].strip() or "gfx-unknown"
-        is_dcu = arch in DCU_ARCHS
-        vendor = "hygon" if is_dcu else "amd"
-        default_warp = 64
-    elif cuda_version or hasattr(props, "major"):
-        backend = "cuda"
-        arch = f"sm{int(getattr(props, 'major', 0))}{int(getattr(props, 'minor', 0))}"
-        is_dcu = False
-        vendor = "nvidia"
-        default_warp = 32
-    else:
-        raise TunerError("cannot tell the GPU backend: torch reports neither HIP nor CUDA")
-    warp = getattr(props, "warp_size", None)
-    return {
-        "backend": backend,
-        "vendor": vendor,
-        "name": name,
-        "arch": arch,
-        "warp_size": int(warp) if warp else default_warp,
-        "multiprocessors": int(getattr(props, "multi_processor_count", 0) or 0),
-        "l2_bytes": int(getattr(props, "L2_cache_size", 0) or 0),
-        "is_dcu": is_dcu,
-    }
-
-
+# ------------------------------------------------------------------------------------ measurement
 def _require_gpu():
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        raise TunerError("torch is not installed") from None
-    if not torch.cuda.is_available():
-        from .errors import NoGPUError
-
-        raise NoGPUError("no CUDA or ROCm GPU is visible to torch (torch.cuda.is_available() is "
-                         f"False); use a spec profile ({spec_names()}) to screen without one")
-    return torch
-
-
-def is_hip() -> bool:
-    """Whether this torch is a ROCm (HIP) build: AMD GPUs and Hygon DCUs."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return False
-    return bool(getattr(torch.version, "hip", None))
-
-
-def versions() -> dict:
-    import platform
-
-    out = {"python": platform.python_version()}
-    try:
-        import torch
-
-        out["torch"] = torch.__version__
-        out["cuda"] = torch.version.cuda or ""
-        out["hip"] = getattr(torch.version, "hip", None) or ""
-    except ImportError:
-        pass
-    try:
-        import triton
-
-        out["triton"] = triton.__version__
-    except ImportError:
-        pass
-    return out
-
-
-def detect(device: int | None = None) -> dict:
-    """Identity fields of the visible GPU (no measurement). Raises NoGPUError without one."""
-    torch = _require_gpu()
-    index = torch.cuda.current_device() if device is None else int(device)
-    props = torch.cuda.get_device_properties(index)
-    return detect_fields(props, getattr(torch.version, "hip", None), torch.version.cuda)
+    """torch, when it sees a GPU; else a NoGPUError that names the spec profiles."""
+    return require_gpu(f"use a spec profile ({spec_names()}) to screen without one")
 
 
 def measure_read_bandwidth(buffer_bytes: int = 4 << 30, repeats: int = 20) -> dict:
@@ -317,8 +240,6 @@ def measure_read_bandwidth(buffer_bytes: int = 4 << 30, repeats: int = 20) -> di
         buf.sum(dtype=torch.int64)
 
     nbytes = buf.numel() * buf.element_size()
-    from .timing import median, time_events
-
     triton_s = median(time_events(triton_read, repeats)) * 1e-6
     torch_s = median(time_events(torch_read, repeats)) * 1e-6
     del buf, partial
@@ -327,31 +248,6 @@ def measure_read_bandwidth(buffer_bytes: int = 4 << 30, repeats: int = 20) -> di
     return {"bytes_per_s": max(triton_bw, torch_bw), "buffer_bytes": nbytes,
             "triton_stream_bytes_per_s": triton_bw, "torch_sum_bytes_per_s": torch_bw,
             "method": "median of %d event-timed full reads" % repeats}
-
-
-_STREAM_KERNEL = None
-
-
-def stream_read_kernel():
-    """A read-only streaming kernel: each program sums STEPS blocks of BLOCK int32 values (an
-    integer sum, so the compiler cannot drop a load) and writes one int32."""
-    global _STREAM_KERNEL
-    if _STREAM_KERNEL is None:
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def stream_read(src, dst, BLOCK: tl.constexpr, STEPS: tl.constexpr):
-            pid = tl.program_id(0).to(tl.int64)
-            offs = tl.arange(0, BLOCK)
-            acc = tl.zeros([BLOCK], dtype=tl.int32)
-            base = src + pid * BLOCK * STEPS
-            for i in tl.static_range(STEPS):
-                acc += tl.load(base + i * BLOCK + offs, eviction_policy="evict_first")
-            tl.store(dst + pid, tl.sum(acc, axis=0))
-
-        _STREAM_KERNEL = stream_read
-    return _STREAM_KERNEL
 
 
 def measure_matmul_rate(size: int = 8192, repeats: int = 20) -> dict:
@@ -366,8 +262,6 @@ def measure_matmul_rate(size: int = 8192, repeats: int = 20) -> dict:
 
     for _ in range(3):
         run()
-    from .timing import median, time_events
-
     seconds = median(time_events(run, repeats)) * 1e-6
     del a, b, c
     torch.cuda.empty_cache()
@@ -394,8 +288,6 @@ def measure_kernel_floor(kernels: int = 400, repeats: int = 20) -> dict:
     with torch.cuda.graph(graph):
         for _ in range(kernels):
             touch[(1,)](buf)
-    from .timing import median, time_events
-
     per_kernel = median(time_events(graph.replay, repeats, warmup=2)) / kernels
     return {"us": per_kernel, "kernels": kernels,
             "method": f"median of {repeats} event-timed replays of a graph of {kernels} "
@@ -413,8 +305,6 @@ def measure(device: int | None = None, buffer_bytes: int = 4 << 30,
         torch.cuda.set_device(int(device))
     fields = detect(device)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    from . import ceilings
-
     say = progress or (lambda text: None)
     say(f"read bandwidth: streaming {buffer_bytes / 2**30:.1f} GiB")
     bandwidth = measure_read_bandwidth(buffer_bytes)

@@ -35,6 +35,7 @@ import pandas as pd
 
 from . import rank as rank_mod
 from .errors import TunerError, info, warn
+from .hardware import DCU_ARCHS
 from .runtime import EXPORT_FORMAT, EXPORT_ROOT, device_key_for
 from .tables import atomic_write_bytes, check_output_dir, remove_stale_temps
 
@@ -88,9 +89,6 @@ def accepted(verdicts: pd.DataFrame, family: str | None = None) -> pd.DataFrame:
         return rows
     rows = rows.sort_values(["measured_at", "saving_us_per_token"], ascending=[False, False])
     return rows.drop_duplicates(["device", "family", "shape"], keep="first")
-
-
-DCU_ARCHS = ("gfx926", "gfx928", "gfx936", "gfx938")  # tuner.device.DCU_ARCHS (no torch import)
 
 
 def row_problem(row: dict) -> str:

@@ -33,6 +33,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from .errors import CandidateFailure, NoGPUError, TunerError, one_line, warn
+from .hardware import space_backend
 
 __all__ = ["ALIASES", "Checker", "DEFAULT_GATE", "DEFAULT_MARGIN", "DEFAULT_SEEDS", "GATES",
            "ParityFacts", "output_hash", "rel_error", "resolve_gate", "resolve_device"]
@@ -181,15 +182,6 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _backend_for(device) -> str:
-    if device.type != "cuda":
-        return "cuda"  # interpreter runs: the default config of the CUDA space
-    from .device import detect
-
-    fields = detect(device.index)
-    return "dcu" if fields["is_dcu"] else fields["backend"]
-
-
 @dataclass
 class _Seed:
     inputs: dict
@@ -213,7 +205,7 @@ class Checker:
         self.family = family
         self.shape = dict(shape)
         self.device = resolve_device(device)
-        backend = backend or _backend_for(self.device)
+        backend = backend or space_backend(self.device)
         self.default_config = dict(default_config) if default_config is not None else \
             family.default_config(self.shape, backend)
         self.seeds: list[_Seed] = []

@@ -66,11 +66,11 @@ def device_key_for(name: str) -> str:
 def detect_identity() -> dict | None:
     """The identity of the current GPU and software stack, or None without a GPU.
 
-    Keys: key, name, arch, backend, torch, triton (tuner.device's detection, so names and arches
-    match the device profiles). Tests monkeypatch `current_identity`.
+    Keys: key, name, arch, backend, torch, triton (tuner.hardware's detection, the device
+    profiles' own, so names and arches match them). Tests monkeypatch `current_identity`.
     """
-    from .device import detect, versions
     from .errors import TunerError
+    from .hardware import detect, versions
 
     try:
         fields = detect()

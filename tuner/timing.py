@@ -8,7 +8,14 @@ ceilings, `tuner ab`'s whole-step arms):
   `group(replays)` times that many replays with device events and returns the median µs per call.
 - `ReplayTimer(replay, calls)`: the same timed replays for a graph made elsewhere (a model's
   whole decode step: `calls=1`).
+- `time_callable(fn, input_sets)`: `groups` groups of timed replays of one GraphTimer, as a
+  `Timing` (median of the group medians, their spread); `cold_sets` says how many input sets a
+  cold timing rotates (their bytes past 2 x L2).
 - statistics over groups: `median`, `spread_pct`, `bootstrap_median_interval`.
+
+The ground floor of the measuring core (docs/interfaces.md): it imports `tuner.errors` and
+`tuner.hardware` only; the read curve (tuner.ceilings), the device profile (tuner.device) and the
+timing protocol (tuner.bench: input sets of a family's shape, pairing, sweeps) stand on it.
 
 On a CPU device (only for tests under TRITON_INTERPRET=1) the same protocol runs without a graph,
 timed with time.perf_counter: it checks the code path, its numbers mean nothing.
@@ -20,13 +27,19 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import dataclass
 
-from .device import is_hip
 from .errors import CandidateFailure, one_line
+from .hardware import is_hip
 
-__all__ = ["GraphTimer", "ReplayTimer", "bootstrap_median_interval", "median", "spread_pct",
-           "time_events", "MAX_CALLS_PER_GRAPH", "TARGET_GRAPH_US"]
+__all__ = ["DEFAULT_GROUPS", "DEFAULT_REPLAYS", "GraphTimer", "MAX_CALLS_PER_GRAPH",
+           "MAX_INPUT_SETS", "ReplayTimer", "TARGET_GRAPH_US", "Timing",
+           "bootstrap_median_interval", "cold_sets", "median", "set_bytes", "spread_pct",
+           "time_callable", "time_events"]
 
+DEFAULT_GROUPS = 10
+DEFAULT_REPLAYS = 10
+MAX_INPUT_SETS = 256
 TARGET_GRAPH_US = 1000.0
 MAX_CALLS_PER_GRAPH = 2000
 HIP_MAX_LAUNCHES_PER_GRAPH = 1000
@@ -200,3 +213,46 @@ class GraphTimer(ReplayTimer):
         if calls > cap:
             calls = (cap // sets) * sets if sets <= cap else cap
         return calls
+
+
+# ---------------------------------------------------------------------------- timing a callable
+@dataclass
+class Timing:
+    median_us: float  # median of group medians, µs per call
+    spread_pct: float  # (max - min) / 2 of the group medians, as % of the median
+    group_us: list[float]
+    cache: str  # "cold" or "warm"
+    calls_per_graph: int = 0
+    input_sets: int = 0
+    rotated_bytes: int = 0  # bytes of all input sets together (cold: > 2 x L2 unless capped)
+
+    @classmethod
+    def from_groups(cls, groups: list[float], cache: str, timer: GraphTimer) -> "Timing":
+        """The Timing of `timer`'s group medians."""
+        return cls(median_us=median(groups), spread_pct=spread_pct(groups),
+                   group_us=list(groups), cache=cache, calls_per_graph=timer.calls,
+                   input_sets=len(timer.sets), rotated_bytes=sum(set_bytes(s) for s in timer.sets))
+
+
+def set_bytes(inputs: dict) -> int:
+    """Bytes of the tensors of one input set."""
+    total = 0
+    for value in inputs.values():
+        if hasattr(value, "element_size") and hasattr(value, "numel"):
+            total += value.element_size() * value.numel()
+    return total
+
+
+def cold_sets(per_set_bytes: int, l2: int) -> int:
+    """How many input sets of `per_set_bytes` a cold timing rotates: enough that their bytes
+    exceed 2 x L2 (`l2` bytes), at least 2, at most MAX_INPUT_SETS (tiny shapes: then the
+    rotation is short of 2 x L2)."""
+    return min(MAX_INPUT_SETS, max(2, math.ceil(2 * l2 / max(1, per_set_bytes)) + 1))
+
+
+def time_callable(fn, input_sets: list[dict], *, cache: str = "cold", groups: int = DEFAULT_GROUPS,
+                  replays: int = DEFAULT_REPLAYS, **timer_options) -> Timing:
+    """Time fn(inputs) under the protocol on ready-made input sets."""
+    timer = GraphTimer(fn, input_sets, **timer_options)
+    results = [timer.group(replays) for _ in range(groups)]
+    return Timing.from_groups(results, cache, timer)
