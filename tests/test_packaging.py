@@ -1,10 +1,14 @@
 """`pip install .` (not editable) gives a working tuner: every package and every search space.
 
 Builds a wheel from a copy of the project's sources (so the checkout stays clean and nothing
-outside the listed sources can leak in), installs it into a fresh virtualenv (`--no-deps`,
-`--system-site-packages`: torch, triton, PyYAML come from this environment, nothing is fetched)
-and, from a folder outside the repository, imports the packages from the virtualenv and loads
-every family's search space for every backend through importlib.resources.
+outside the listed sources can leak in), installs it into a fresh virtualenv (`--no-deps`: nothing
+is fetched) and, from a folder outside the repository, imports the packages from the virtualenv
+and loads every family's search space for every backend through importlib.resources.
+
+The dependencies (torch, triton, PyYAML, ijson, ...) come from the interpreter running the test:
+the virtualenv gets a .pth file naming that interpreter's sys.path directories, whatever they are
+(the system's site-packages, a user's virtualenv, a PYTHONPATH folder). `--system-site-packages`
+would see the base interpreter's packages only, not those of a virtualenv the suite runs in.
 """
 
 from __future__ import annotations
@@ -38,6 +42,30 @@ def run(cmd, **kwargs):
     return proc
 
 
+def dependency_dirs() -> list[str]:
+    """The folders this interpreter imports from, less the checkout: where the dependencies are,
+    whether in the system's site-packages, a virtualenv or a PYTHONPATH folder."""
+    root = ROOT.resolve()
+    out = []
+    for entry in sys.path:
+        path = Path(entry or ".").resolve()
+        if not path.is_dir() or path == root or root in path.parents or str(path) in out:
+            continue
+        out.append(str(path))
+    return out
+
+
+def see_this_interpreters_packages(python: Path) -> None:
+    """Append this interpreter's import folders to the virtualenv's sys.path (after its own
+    site-packages, so the installed wheel comes first). Plain folder lines: the .pth files in those
+    folders (an editable install of this project among them) are not run."""
+    proc = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+               env={"PATH": "/usr/bin:/bin"})
+    site_packages = Path(proc.stdout.strip())
+    site_packages.mkdir(parents=True, exist_ok=True)
+    (site_packages / "_parent_interpreter.pth").write_text("\n".join(dependency_dirs()) + "\n")
+
+
 def test_the_wheel_carries_every_package_and_search_space(tmp_path):
     source = tmp_path / "src"
     source.mkdir()
@@ -63,8 +91,9 @@ def test_the_wheel_carries_every_package_and_search_space(tmp_path):
     assert not any(n.startswith("tests/") for n in names)
 
     venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv])
+    run([sys.executable, "-m", "venv", "--without-pip", venv])
     python = venv / "bin" / "python"
+    see_this_interpreters_packages(python)
     # --ignore-installed: this environment may hold the project installed editable; the wheel
     # goes into the virtualenv beside it, which comes first on the virtualenv's sys.path.
     run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
