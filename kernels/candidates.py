@@ -1,9 +1,9 @@
 """Known configs: what a search measures first, before its sampler proposes anything.
 
 Per family, a short list of reasoned candidates for a shape: the winners of the H200 sweeps
-(scripts/gpu/kernels15.sh, BENCHMARKS.md) and their neighbours, with the split-K counts that
+(scripts/gpu/sweep_linears.sh, BENCHMARKS.md) and their neighbours, with the split-K counts that
 fill the machine. `tuner search` queues them right after the default config (so a short search
-measures at least these), and kernels15.sh sweeps exactly these lists: one implementation.
+measures at least these), and sweep_linears.sh sweeps exactly these lists: one implementation.
 
 The lists are partial configs (the family's own parameters only); callers complete them with
 the default config's values and keep those the search space allows

@@ -1,4 +1,4 @@
-"""How far a kernel could beat torch at all, per case of a kernels15 log (scripts/gpu/kernels15.sh):
+"""How far a kernel could beat torch at all, per case of a log of scripts/gpu/sweep_linears.sh:
 the physical floor of each case, max(bytes / read bandwidth, flops / matmul rate), against
 torch's measured time. `ceiling` = torch / floor is the speedup a kernel at the floor would get;
 `1.10x needs` = the share of the floor's speed a kernel must reach to be 1.10x torch (over 100%:

@@ -1,6 +1,6 @@
 """Known configs (kernels/candidates.py) and compiling ahead (tuner/precompile.py).
 
-The known lists are what a search queues first and what scripts/gpu/kernels15.sh sweeps: on the
+The known lists are what a search queues first and what scripts/gpu/sweep_linears.sh sweeps: on the
 8B decode shapes every one must be a valid config of the cuda space (or the search would drop
 it), and the measured m = 32 winners must be among them. Compiling ahead is checked on CPU with
 a stand-in kernel (the scheduling: order, failures as data, deadline, stop); that a real launch

@@ -418,7 +418,7 @@ def test_union_length():
 
 # ------------------------------------------------------- traces captured on the H200 by the product
 def test_real_cuda_graph_replay_is_unattributed(capsys, tmp_path):
-    """scripts/gpu/harvest.sh captured this with `tuner harvest --live` on an H200: one eager mm
+    """scripts/gpu/harvest_live.sh captured this with `tuner harvest --live` on an H200: one eager mm
     per step, then a CUDA-graph replay whose kernels have no owning op."""
     path = FIXTURES / "cuda_graph_replay_h200.pt.trace.json.gz"
     [t] = harvest.harvest([path], quiet=True).traces

@@ -29,7 +29,7 @@ IDENTITY = {"key": "nvidia-h200", "name": "NVIDIA H200", "arch": "sm90", "backen
 
 @pytest.fixture(autouse=True)
 def no_gpu(monkeypatch):
-    """These tests take the CPU path even on a GPU machine (the GPU path is scripts/gpu/run.sh)."""
+    """These tests take the CPU path even on a GPU machine (the GPU path is scripts/gpu/run_example.sh)."""
     monkeypatch.setattr(run, "have_gpu", lambda: False)
 
 

@@ -16,6 +16,7 @@ replays profiled with ProfilerStep#N markers (or a vLLM-style annotation). It wr
 and checks the table against the meta. Copy the three files of each pair into
 tests/fixtures/traces/ and add <name> to CUDA_PAIRS in tests/test_harvest_graphs.py.
 Takes well under a minute on an H200 (the models are tiny; each trace < 300 KB gzipped).
+Rows it produces in BENCHMARKS.md: none; it writes test fixtures.
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Download PostgreSQL's server and the shared libraries it links as Debian packages into
-# .debs/postgres/ (git-ignored), for scripts/gpu/scale.sh on a GPU machine without network:
-# carry `.debs` (and `.whl`) with the run; scale.sh unpacks them with `dpkg -x` into /tmp, never
-# into /. Also fetches the PostgreSQL driver wheels (psycopg, psycopg-binary) into .whl/ when
-# none is there. Run here, as root, from anywhere: bash scripts/gpu/fetch_postgres_debs.sh
+# .debs/postgres/ (git-ignored), for scripts/gpu/search_scaling.sh on a GPU machine without
+# network: carry `.debs` (and `.whl`) with the run; search_scaling.sh unpacks them with `dpkg -x`
+# into /tmp, never into /. Also fetches the PostgreSQL driver wheels (psycopg, psycopg-binary)
+# into .whl/ when none is there. Run here, as root, from anywhere:
+#   bash scripts/gpu/fetch_postgres_debs.sh
+# Measures nothing; no BENCHMARKS.md rows.
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEST=.debs/postgres

@@ -8,6 +8,8 @@ the declared order_params but leave its class (a wrong declaration), and how man
 bitwise equal to the serving path. Prints a table last; JSON to --out.
 
     PYTHONPATH=$PWD TRITON_INTERPRET=0 python3 scripts/gpu/parity_classes.py --out /tmp/classes.json
+
+Rows it produces in BENCHMARKS.md: "Which parameters change the output bytes".
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def main() -> None:
     from tuner.parity import Checker
     from tuner.spaces import space_for
 
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="parity_classes.json")
     parser.add_argument("--budget-s", type=float, default=25.0, help="seconds per shape")
     parser.add_argument("--random", type=int, default=24, help="random configs per shape")

@@ -1,9 +1,12 @@
-"""Issue 15: how fast can one kernel read N bytes, at the sizes decode weights have? (H200, ~2 min)
+"""How fast can one kernel read N bytes, at the sizes decode weights have? (H200, ~2 min)
 
     PYTHONPATH=$PWD python3 scripts/gpu/read_ceiling.py        (log: $OUT/read_ceiling.log)
 
-The issue's bar is "≥ 95% of the measured read bandwidth" for every ≥ 64 MB decode linear at
-m = 1..8, where the bandwidth is `tuner device`'s: a stream over gigabytes. A 100 MB weight is read
+Rows it produces in BENCHMARKS.md: "The read curve" (and the L2, broadcast and program-count
+figures under it).
+
+A bar such as "≥ 95% of the measured read bandwidth" for every ≥ 64 MB decode linear at m = 1..8
+takes the bandwidth from `tuner device`: a stream over gigabytes. A 100 MB weight is read
 in ~25 µs, where a kernel's fixed cost (graph launch, first bytes from HBM, ramp, tail) is not
 negligible. This measures that ceiling directly, with the kernels' own protocol (tuner.bench:
 CUDA-graph replays, median of group medians, buffers rotated past 2 x L2):
@@ -28,8 +31,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
+if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+    print(__doc__)
+    raise SystemExit(0)
 SMOKE = os.environ.get("READ_CEILING_SMOKE") == "1"
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"
@@ -59,7 +66,7 @@ def say(*args):
 
 
 MiB = 1 << 20
-WEIGHTS = {  # n x k bf16 weights of the decode linears (tags as in kernels15.sh)
+WEIGHTS = {  # n x k bf16 weights of the decode linears (tags as in sweep_linears.sh)
     "kv 1024x4096": 1024 * 4096 * 2, "Gkv 2048x5376": 2048 * 5376 * 2,
     "q/o 4096x4096": 4096 * 4096 * 2, "Gq/Go 4096x5376": 4096 * 5376 * 2,
     "qkv 6144x4096": 6144 * 4096 * 2, "Gqkv 8192x5376": 8192 * 5376 * 2,
@@ -79,7 +86,7 @@ def bandwidth() -> float:
         return 1e9
     bw = measure_read_bandwidth(2 << 30)
     say(f"measured read bandwidth {bw['bytes_per_s'] / 1e12:.3f} TB/s (triton stream "
-        f"{bw['triton_stream_bytes_per_s'] / 1e12:.3f}; 2 GiB, as kernels15.sh)")
+        f"{bw['triton_stream_bytes_per_s'] / 1e12:.3f}; 2 GiB, as sweep_linears.sh)")
     return bw["bytes_per_s"]
 
 

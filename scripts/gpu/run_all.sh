@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Run GPU areas on the lent H200 in one call: bash scripts/gpu/run_all.sh gemv kernels ...
+# Run GPU scripts on a lent GPU machine in one call, each under a time limit:
+#   bash scripts/gpu/run_all.sh timing_noise_gemv sweep_gemm_attention ...
 # Installs the carried wheels (.whl/: optuna and what it needs, ijson), records the environment,
-# then runs scripts/gpu/<area>.sh for each area with a time limit (AREA_TIMEOUT seconds, default
-# 480). Each area writes $OUT/<area>.log; the environment goes to $OUT/env.log.
+# then runs scripts/gpu/<name>.sh for each name (AREA_TIMEOUT seconds each, default 480). Each
+# script writes its log under $OUT; the environment goes to $OUT/env.log.
+# Rows it produces in BENCHMARKS.md: those of the scripts it runs.
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 set -u
 cd "$(dirname "$0")/../.."
 if ls .whl/*.whl >/dev/null 2>&1; then

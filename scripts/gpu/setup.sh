@@ -1,4 +1,4 @@
-# Sourced by the GPU session scripts after they set LOG (and cd to the repository root): the
+# Sourced by the GPU scripts (ab_attention.sh) after they set LOG (and cd to the repository root): the
 # carried optuna wheels into /tmp/site, the environment, a `stamp` for timed log lines, and the
 # saved device profile (DEVICE_JSON) as artifacts/devices/nvidia-h200.json ($DEV).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

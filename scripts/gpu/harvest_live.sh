@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# GPU run for `tuner harvest` (about 2 minutes on one H200): the bundled example's live capture.
-#
-#   PYTHONPATH=$PWD OUT=/some/dir bash scripts/gpu/harvest.sh
-#
+# `tuner harvest --live` on a GPU (about 2 minutes on one H200): the bundled example's live capture.
+#   PYTHONPATH=$PWD OUT=/some/dir bash scripts/gpu/harvest_live.sh        (log: $OUT/harvest.log)
+# Rows it produces in BENCHMARKS.md: none; it writes the example trace and table that
+# shapes/examples/ ships.
 # 1. `tuner harvest --live shapes/examples/qwen_live.py:QwenDecode --steps 8`: the Qwen2.5-0.5B-
 #    shaped model (random bf16 weights, needs transformers), batch 4, prompt 128: 1 prefill and
 #    7 decode steps under torch.profiler; writes the raw trace and its ShapeTable to $OUT:
 #      $OUT/qwen25_05b_b4_live.pt.trace.json.gz, $OUT/qwen25_05b_b4_live.parquet
-#    (the lead commits both into shapes/examples/).
 # 2. Harvests the saved trace again from the file (must give the same table) and the decode phase.
 # 3. Profiles CUDA-graph replays (tests/fixtures/traces/graph_replay_live.py): the replayed kernels
 #    have no owning op and must be reported as unattributed GPU time ($OUT/cuda_graph_replay.*).
 # 4. Runs tests/test_harvest.py on this machine.
-# Full log: $OUT/harvest.log. A failing step is reported and the script goes on.
+# A failing step is reported and the script goes on.
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/harvest_out}"

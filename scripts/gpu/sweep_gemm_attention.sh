@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# GEMM and decode-attention families on the GPU (issue 7; about 7 of the 8 minutes allowed).
+# The tiled GEMM at prefill and decode sizes against cuBLAS, and decode attention against SDPA
+# (H200: about 7 minutes).
+#   PYTHONPATH=$PWD bash scripts/gpu/sweep_gemm_attention.sh        (log: $OUT/kernels.log)
+# Rows it produces in BENCHMARKS.md: "GEMM at prefill sizes" and "Decode attention".
 #   1. Device: measured read bandwidth (tuner.device.measure_read_bandwidth, 2 GB buffer).
 #   2. Decode attention (first: fewer, cheaper cases), bf16, head_dim 128, cold KV: achieved
 #      KV-read bandwidth vs the measured read bandwidth at long context (batch 8 / 1, 32q/8kv,
@@ -14,9 +17,11 @@
 #      rel. error of the best.
 # Timing: tuner.bench (CUDA-graph replays, median of group medians, paired interleaved compare).
 # Budget KERNELS_BUDGET_S (default 420 s): attention starts no case after 45 %, GEMM no shape
-# after 95 %. Never stops on a failing case (each failure is logged). Full log: $OUT/kernels.log,
-# a RESULTS-JSON line, results tables last.
-# CPU check of the Python (interpreter, tiny shapes): KERNELS_SMOKE=1 bash scripts/gpu/kernels.sh
+# after 95 %. Never stops on a failing case (each failure is logged). A RESULTS-JSON line holds
+# every number; results tables last.
+# CPU check of the Python (interpreter, tiny shapes):
+#   KERNELS_SMOKE=1 OUT=/tmp/out bash scripts/gpu/sweep_gemm_attention.sh
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

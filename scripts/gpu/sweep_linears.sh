@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# Issue 15: decode linears at the bandwidth limit, m = 1..256, on one H200 (under 7 minutes).
-#   PYTHONPATH=$PWD bash scripts/gpu/kernels15.sh        (log: $OUT/kernels15.log)
+# Decode linears against torch and against their read ceiling, m = 1..256 (H200: under 7 minutes).
+#   PYTHONPATH=$PWD bash scripts/gpu/sweep_linears.sh        (log: $OUT/sweep_linears.log)
+# Rows it produces in BENCHMARKS.md: "Decode linears" (per case: torch and best µs, TB/s, % of the
+# read ceiling, speedup with its 95% interval, parity) and "Per model: the decode step's linears".
 #
 # For the Qwen3-8B and Llama-3.1-8B decode linears (split and merged: q/o 4096x4096, kv
 # 1024x4096, qkv 6144x4096, gate/up 12288|14336x4096, gate_up 24576|28672x4096, down
-# 4096x12288|14336; NT bf16, n x k = weight [out, in]) at m = 1, 4, 8 (gemv family) and
-# 16, 32, 64, 128, 256 (gemm family):
+# 4096x12288|14336; NT bf16, n x k = weight [out, in]) and the Gemma-3-27B-shaped ones, at
+# m = 1, 4, 8 (gemv family) and 16, 32, 64, 128, 256 (gemm family):
 #   0. device, measured read bandwidth (tuner.device.measure_read_bandwidth, 2 GiB; again at
 #      the end), A/A noise of the protocol on two shapes;
 #   1. compiles every candidate of every case first, in a thread pool (tuner.precompile:
 #      JITFunction.warmup on meta tensors, the launches then hit the in-memory cache; compiles
-#      not started within KERNELS15_PRECOMPILE_S, default 150 s, happen at first launch);
-#   2. per case: torch (F.linear's cuBLAS path: the family baseline), the family default and a
-#      bounded, reasoned candidate list per variant (gemv: FMA, FMA with a register double
-#      buffer (num_stages 2, "fma-pref"), FMA pipelined by cp.async (3-4, "fma-pipe"), USE_DOT 1
-#      tl.dot ("dot"), USE_DOT 2 swap-AB wgmma/TMA kernel ("skinny"); gemm:
+#      not started within SWEEP_PRECOMPILE_S, default 150 s, happen at first launch);
+#   2. per case: torch (F.linear's cuBLAS path: the family baseline), the family default and the
+#      known candidate lists (kernels/candidates.py) per variant (gemv: FMA, FMA with a register
+#      double buffer (num_stages 2, "fma-pref"), FMA pipelined by cp.async (3-4, "fma-pipe"),
+#      USE_DOT 1 tl.dot ("dot"), USE_DOT 2 swap-AB wgmma/TMA kernel ("skinny"); gemm:
 #      the tiled kernel with / without TMA, SWAP_AB 1 skinny kernel with / without TMA; split-K
 #      where the weight rows alone give too few programs), all filtered by the cuda search space;
 #      parity facts of every candidate on fresh random inputs (tuner.parity.Checker: bitwise vs
@@ -28,12 +30,14 @@
 #   3. tables last: per case (TB/s, % of measured bandwidth and of the read ceiling, speedup [95% CI], parity, winner),
 #      the best time of each variant per case (which variant wins), and per model the decode step
 #      of its linears (sum over layers) against bytes / bandwidth and torch.
-# KERNELS15_SET=8b (default) | 27b (Gemma-3-27B-shaped linears, 5376 hidden) | all picks the shapes;
-# KERNELS15_M="128,256" (default: all eight) picks the batch sizes.
-# Budget KERNELS15_BUDGET_S (default 390 s): no case starts after it; cases are ordered so a cut
-# drops the least informative last. A RESULTS-JSON line holds every number.
+# SWEEP_SET=8b (default) | 27b (Gemma-3-27B-shaped linears, 5376 hidden) | all picks the shapes;
+# SWEEP_M="128,256" (default: all eight) picks the batch sizes.
+# Budget SWEEP_BUDGET_S (default 390 s): no case starts after it; cases are ordered so a cut
+# drops the least informative last. A RESULTS-JSON line holds every number
+# (scripts/kernel_ceilings.py reads it). SWEEP_PLAN_ONLY=1 prints the candidates of each case.
 # CPU check of the Python (interpreter, tiny shapes, numbers meaningless):
-#   KERNELS15_SMOKE=1 OUT=/tmp/k15 bash scripts/gpu/kernels15.sh
+#   SWEEP_SMOKE=1 OUT=/tmp/sweep bash scripts/gpu/sweep_linears.sh
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -43,20 +47,20 @@ export PYTHONUNBUFFERED=1
   date -u +%Y-%m-%dT%H:%M:%SZ
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>/dev/null || true
   git log -1 --format='commit %H %s' 2>/dev/null || true
-  git status --short -- kernels search_spaces scripts/gpu/kernels15.sh 2>/dev/null | head -20
-} 2>&1 | tee "$OUT/kernels15.log"
-python3 - 2>&1 <<'PY' | tee -a "$OUT/kernels15.log"
+  git status --short -- kernels search_spaces scripts/gpu/sweep_linears.sh 2>/dev/null | head -20
+} 2>&1 | tee "$OUT/sweep_linears.log"
+python3 - 2>&1 <<'PY' | tee -a "$OUT/sweep_linears.log"
 import json
 import os
 import time
 import traceback
 
-SMOKE = os.environ.get("KERNELS15_SMOKE") == "1"
-PLAN_ONLY = os.environ.get("KERNELS15_PLAN_ONLY") == "1"  # print the candidates per case, exit
+SMOKE = os.environ.get("SWEEP_SMOKE") == "1"
+PLAN_ONLY = os.environ.get("SWEEP_PLAN_ONLY") == "1"  # print the candidates per case, exit
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"
-BUDGET_S = float(os.environ.get("KERNELS15_BUDGET_S", "390"))
-PRECOMPILE_S = float(os.environ.get("KERNELS15_PRECOMPILE_S", "150"))  # then compile lazily
+BUDGET_S = float(os.environ.get("SWEEP_BUDGET_S", "390"))
+PRECOMPILE_S = float(os.environ.get("SWEEP_PRECOMPILE_S", "150"))  # then compile lazily
 START = time.time()
 
 import torch  # noqa: E402
@@ -125,22 +129,22 @@ MODELS_27B = {  # Gemma-3-27B-shaped: hidden 5376, ffn 21504, 32 q / 16 kv heads
 }
 NK_27B = [(4096, 5376, "Gq"), (2048, 5376, "Gkv"), (5376, 4096, "Go"), (8192, 5376, "Gqkv"),
           (21504, 5376, "Ggate/up"), (5376, 21504, "Gdown"), (43008, 5376, "Ggate_up")]
-SHAPE_SET = os.environ.get("KERNELS15_SET", "8b")  # 8b (default), 27b, or all
+SHAPE_SET = os.environ.get("SWEEP_SET", "8b")  # 8b (default), 27b, or all
 if SHAPE_SET not in ("8b", "27b", "all"):
-    raise SystemExit(f"KERNELS15_SET must be 8b, 27b or all, not {SHAPE_SET!r}")
+    raise SystemExit(f"SWEEP_SET must be 8b, 27b or all, not {SHAPE_SET!r}")
 if SHAPE_SET == "27b":
     MODELS, NK = MODELS_27B, NK_27B
 elif SHAPE_SET == "all":
     MODELS, NK = {**MODELS, **MODELS_27B}, NK + NK_27B
 M_ORDER = (1, 32, 4, 128, 16, 8, 64, 256)  # interleaved: a spent budget cuts the m=256 cases last
-if os.environ.get("KERNELS15_M"):
+if os.environ.get("SWEEP_M"):
     try:
-        M_ORDER = tuple(dict.fromkeys(int(v) for v in os.environ["KERNELS15_M"].split(",")))
+        M_ORDER = tuple(dict.fromkeys(int(v) for v in os.environ["SWEEP_M"].split(",")))
     except ValueError:
         M_ORDER = ()
     if not M_ORDER or min(M_ORDER) < 1:
-        raise SystemExit("KERNELS15_M must be comma-separated batch sizes >= 1, not "
-                         f"{os.environ['KERNELS15_M']!r}")
+        raise SystemExit("SWEEP_M must be comma-separated batch sizes >= 1, not "
+                         f"{os.environ['SWEEP_M']!r}")
 if SMOKE:
     NK, M_ORDER = [(72, 96, "tiny"), (40, 104, "tiny2")], (1, 3, 17)
     MODELS = {"tiny": (2, [("a", 72, 96, 1)], [("a", 72, 96, 1), ("b", 40, 104, 1)])}
@@ -272,7 +276,7 @@ def ceiling_us(n: int, k: int, nbytes: int) -> float:
 def precompile(jobs) -> dict:
     """{(family, shape_key, config_json): failure reason} after compiling every kernel of every
     job in a thread pool (tuner.precompile: the search workers' compile-ahead, blocking here;
-    compiles not started within KERNELS15_PRECOMPILE_S happen at first launch)."""
+    compiles not started within SWEEP_PRECOMPILE_S happen at first launch)."""
     if SMOKE:
         return {}
     from tuner.precompile import precompile as compile_all

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Budget area on the GPU (about 2 minutes): measure the device profile, budget the bundled example
-# against it (the saved profile is picked up from the table's device column), re-measure the
-# baselines with --measure, and print trace vs measured baseline per decode shape.
-# Run from the repo root with PYTHONPATH=$PWD; writes $OUT/budget.log. No step stops the script.
+# The budget against a measured device profile, on the bundled example (one GPU, about 2 minutes):
+# measure the device profile, budget the example against it (the saved profile is picked up from
+# the table's device column), re-measure the baselines with --measure, and print trace vs
+# measured baseline per decode shape.
+#   PYTHONPATH=$PWD bash scripts/gpu/budget_example.sh        (log: $OUT/budget.log)
+# Rows it produces in BENCHMARKS.md: none (docs/budget.md shows its output). No step stops it.
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOG="$OUT/budget.log"

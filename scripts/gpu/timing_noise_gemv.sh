@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# GPU measurement core + decode GEMV on one GPU (H200 target: about 8 minutes).
+# The timing protocol's A/A noise and the decode GEMV at m = 1 and 4 (H200: about 8 minutes).
+#   PYTHONPATH=$PWD bash scripts/gpu/timing_noise_gemv.sh        (log: $OUT/gemv.log)
+# Rows it produces in BENCHMARKS.md: "Timing protocol: A/A noise".
 #   1. `tuner device`: the device profile (read bandwidth, bf16 matmul rate)
-#   2. the gpu-marked tests of this area
-#   3. A/A noise of the timing protocol
+#   2. the gpu-marked tests of the gemv family
+#   3. A/A noise of the timing protocol (a callable paired against itself, cold L2)
 #   4. cold-L2 m=1 and m=4 decode shapes: torch linear vs default config vs best of a quick
-#      sweep (paired, interleaved comparisons), table last.
-# Run from the repo root with PYTHONPATH=$PWD. Log: $OUT/gemv.log (one file).
+#      sweep (paired, interleaved comparisons), table last (superseded by sweep_linears.sh).
 # CPU smoke test of the Python part (tiny shapes, interpreter, no GPU):
-#   GEMV_SMOKE=1 TRITON_INTERPRET=1 OUT=/tmp/gemv bash scripts/gpu/gemv.sh
+#   GEMV_SMOKE=1 TRITON_INTERPRET=1 OUT=/tmp/gemv bash scripts/gpu/timing_noise_gemv.sh
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 set -u
 OUT="${OUT:-artifacts/gpu}"
 mkdir -p "$OUT"

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# tuner search on the GPU (issue 5), about 6 minutes on one H200. Run from the repo root with
-# PYTHONPATH=$PWD and optuna importable; the whole log goes to $OUT/search.log, a short table last.
+# tuner search against the exhaustive grid on one GPU (H200: about 6 minutes).
+#   PYTHONPATH=$PWD bash scripts/gpu/search_vs_grid.sh        (optuna importable; log: $OUT/search.log)
+# Rows it produces in BENCHMARKS.md: "Search: TPE against the grid".
 #   1. one real gemv decode shape (qwen2.5-0.5B MLP up-projection at batch 4: m=4, n=4864, k=896,
-#      its valid configs, about 70-90): the exhaustive grid, then TPE with a quarter of the grid's trials; TPE's
+#      its valid configs): the exhaustive grid, then TPE with a quarter of the grid's trials; TPE's
 #      best vs the grid's best, after how many trials TPE got within 2%, trials per minute per GPU
 #      (compilation, parity and cold-L2 timing included). TPE is also replayed offline on the
 #      grid's measurements with 20 seeds (no GPU time), which separates the sampler from the noise.
 #   2. a short multi-shape search of the bundled example through the CLI, then the same command
 #      again (resume: nothing lost, nothing redone).
-# No step stops the script. SEARCH_OBJECTIVE=module:function replaces the GPU timing (CPU check).
+# No step stops the script. SEARCH_OBJECTIVE=module:function replaces the GPU timing (CPU check):
+#   SEARCH_OBJECTIVE=test_search:make_fake PYTHONPATH=$PWD:$PWD/tests OUT=/tmp/out bash scripts/gpu/search_vs_grid.sh
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

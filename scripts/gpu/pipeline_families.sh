@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The gemm and attention families through search and rank on the bundled example (about 3 min):
-# prefill GEMMs (m=512) and decode attention rows. A short check that the pipeline runs for every
-# family on the GPU, not a benchmark. Log: $OUT/families.log.
+# prefill GEMMs (m=512) and decode attention rows. A check that the pipeline runs for every
+# family on the GPU, not a benchmark (25 s searches).
+#   PYTHONPATH=$PWD bash scripts/gpu/pipeline_families.sh        (log: $OUT/families.log)
+# Rows it produces in BENCHMARKS.md: "Every family through search and rank".
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

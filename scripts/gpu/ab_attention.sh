@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
-# GPU batch of 2026-12-01, evening (issue 15): the attention family added to saved exports.
+# The decode attention family added to saved exports, and the whole decode step with them.
+#   DEVICE_JSON=benchmarks/logs/2026-12-01/nvidia-h200.device.json \
+#   ATTN="llama31_8b:1:benchmarks/logs/2026-12-01/late/exports/llama31_8b-b1" \
+#   PYTHONPATH=$PWD bash scripts/gpu/ab_attention.sh        (log: $OUT/ab_attention.log)
+# Rows it produces in BENCHMARKS.md: "The whole decode step" (the rows with attention, and any
+# saved export re-measured through AB_EXPORTS).
 #   1. ATTN="model:batch:base_export ...": trace the baseline step (tuner ab --trace-only), harvest,
 #      tuner search --family attention (SEARCH_S, default 40 s), rank, export into a copy of
 #      base_export (the manifest keeps its other families), then tuner ab --compile with it;
 #   AB_EAGER=1: every tuner ab without --compile (the eager step); GROUPED=1: search the grouped
-#   attention call (tuner harvest --kv-heads from the model's config; session 17a/17b used a
-#   helper script of the same rewrite) instead of the repeated-KV one the trace records;
-#   GPU_TESTS: pytest targets run first (marker gpu); RANK_ARGS: extra tuner rank flags;
-#   TRACE_COMPILE=1: trace the torch.compile'd step (tuner ab --trace-only --compile), so harvest
-#   marks its rows traced_compiled and rank times their baseline compiled without a flag;
+#   attention call (tuner harvest --kv-heads from the model's config) instead of the repeated-KV
+#   one the trace records; GPU_TESTS: pytest targets run first (marker gpu); RANK_ARGS: extra
+#   tuner rank flags; TRACE_COMPILE=1: trace the torch.compile'd step (tuner ab --trace-only
+#   --compile), so harvest marks its rows traced_compiled and rank times their baseline compiled
+#   without a flag;
 #   2. AB_EXPORTS="label:model:batch:export_dir ...": tuner ab --compile of saved exports.
-# Logs: $OUT/session.log, $OUT/abc_<model>-b<batch>.json/.md, $OUT/abx_<label>.json/.md,
+# Writes $OUT/abc_<model>-b<batch>.json/.md, $OUT/abx_<label>.json/.md,
 # $OUT/verdicts_attention_<model>-b<batch>.parquet/.md, $OUT/export_<model>-b<batch>/.
-# Usage: DEVICE_JSON=benchmarks/logs/2026-12-01/nvidia-h200.device.json \
-#   ATTN="llama31_8b:1:benchmarks/logs/2026-12-01/late/exports/llama31_8b-b1" bash scripts/gpu/session16.sh
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-LOG="$OUT/session.log"; SEARCH_S=${SEARCH_S:-40}
+LOG="$OUT/ab_attention.log"; SEARCH_S=${SEARCH_S:-40}
 source scripts/gpu/setup.sh
 AB_FLAG=--compile; [ "${AB_EAGER:-0}" = 1 ] && AB_FLAG=  # AB_EAGER=1: the eager step (tuner ab without --compile)
 if [ -n "${GPU_TESTS:-}" ]; then
@@ -34,7 +38,7 @@ ab_compile() {  # model batch export_dir out_dir name
 }
 for item in ${ATTN:-}; do
   IFS=: read -r model batch base <<< "$item"
-  D=$(mktemp -d /tmp/s16.XXXXXX); cfg=shapes/examples/models/$model.json; tag=$model-b$batch
+  D=$(mktemp -d /tmp/ab_attention.XXXXXX); cfg=shapes/examples/models/$model.json; tag=$model-b$batch
   stamp "$tag: trace"
   TRACE_FLAG=; [ "${TRACE_COMPILE:-0}" = 1 ] && TRACE_FLAG=--compile
   timeout 180 python3 -m tuner.cli ab --hf-config "$cfg" --batch "$batch" --trace-only $TRACE_FLAG -o "$D/trace" \

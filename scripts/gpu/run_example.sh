@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# `tuner run` on the bundled example, then `tuner ab` of its model with the export (on the GPU):
+# `tuner run` on the bundled example, then `tuner ab` of its model with the export (one GPU).
+#   PYTHONPATH=$PWD bash scripts/gpu/run_example.sh        (optuna importable; log: $OUT/run.log)
+# Rows it produces in BENCHMARKS.md: "The bundled example" (tuner run's verdicts per shape) and
+# the example's row of "The whole decode step".
 #   1. tuner run: harvest -> budget (--graph-captured) -> search gemv -> rank -> export;
 #   2. tuner ab shapes/examples/qwen_live.py:QwenDecode --batch 4: the model's decode step as a
 #      CUDA graph three ways (baseline, tuned, A/A) with the export: step times, the A/A margin,
-#      outputs against an fp32 reference, the saving per shape against the projection.
-# (This replaces the heredoc loader check and step timer that lived here: `tuner ab` is that
-# check, with the project's one event timer.) Full log: $OUT/run.log, the A/B in $OUT/ab.md.
-# Usage (repo root, PYTHONPATH=$PWD, optuna importable): bash scripts/gpu/run.sh
+#      outputs against an fp32 reference, the saving per shape against the projection
+#      ($OUT/ab.md).
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}

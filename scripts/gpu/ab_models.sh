@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# GPU batch 2/3: the user's day on 8B-shaped models (random weights), then the A/B.
-# For each MODEL:BATCH: trace the baseline decode step (tuner ab --trace-only), harvest the
-# graph capture + replay pair, search (SEARCH_S seconds, --graph-captured), rank, export, and
-# tuner ab with that export; with COMPILE_AB=1 also tuner ab --compile (the torch.compile'd step)
-# with the same export (EAGER_AB=0: the compiled A/B only); SEARCH_NOAHEAD=1 first runs the same
-# search with --compile-threads 0 into another storage (trials per shape, both ways). Usage:
-#   MODELS="qwen3_8b:1 qwen3_8b:32" bash scripts/gpu/session2.sh
+# The user's day on 8B-shaped models (random weights), then the whole decode step both ways.
+#   MODELS="qwen3_8b:1 qwen3_8b:32" PYTHONPATH=$PWD bash scripts/gpu/ab_models.sh   (log: $OUT/ab_models.log)
+# Rows it produces in BENCHMARKS.md: "The whole decode step" (the linears-only rows, eager and
+# compiled) and the search-throughput table (SEARCH_NOAHEAD=1).
+# For each MODEL:BATCH (a config in shapes/examples/models/): trace the baseline decode step
+# (tuner ab --trace-only), harvest the graph capture + replay pair, search (SEARCH_S seconds,
+# default 60, --graph-captured; gemv for batch <= 8, gemm above), rank, export, and tuner ab with
+# that export; with COMPILE_AB=1 also tuner ab --compile (the torch.compile'd step) with the same
+# export (EAGER_AB=0: the compiled A/B only); SEARCH_NOAHEAD=1 first runs the same search with
+# --compile-threads 0 into another storage (trials per shape, both ways). GPU_TESTS: pytest
+# targets run first (marker gpu). DEVICE_JSON: a saved device profile (else `tuner device` runs).
+# Writes $OUT/ab_<model>-b<batch>.json/.md (eager), abc_<model>-b<batch>.json/.md (compiled),
+# verdicts_<model>-b<batch>.md, export_<model>-b<batch>/ and ab_models.tar.gz (everything).
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-W=$(mktemp -d /tmp/s2.XXXXXX)
-LOG="$OUT/session.log"
+W=$(mktemp -d /tmp/ab_models.XXXXXX)
+LOG="$OUT/ab_models.log"
 SEARCH_S=${SEARCH_S:-60}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed" | tee -a "$LOG"
@@ -81,6 +88,6 @@ for item in ${MODELS:-qwen3_8b:1}; do
 done
 stamp "pack"
 cp "$LOG" "$W/"
-tar -czf "$OUT/session.tar.gz" -C "$W" . 2>/dev/null
+tar -czf "$OUT/ab_models.tar.gz" -C "$W" . 2>/dev/null
 ls -la "$OUT" | tee -a "$LOG"
 stamp "done"

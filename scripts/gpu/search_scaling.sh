@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# tuner search on every GPU of a big host (issue 17), about 8 minutes on 4 or 8 H200s.
+# tuner search throughput over the GPUs of one host, and two hosts sharing one PostgreSQL study
+# set (4 or 8 H200s: about 8 minutes).
+#   bash scripts/gpu/search_scaling.sh        (log: $OUT/scale.log, a short table last)
+# Rows it produces in BENCHMARKS.md: none yet (not run on a multi-GPU host with the current tree).
 #   1. scaling: the same shape set (the bundled example's 5 decode GEMV shapes, --graph-captured,
 #      --sampler grid, a fresh Triton cache and a fresh SQLite storage each time) searched with
 #      1, 2, 4 (and 8) GPUs for SCALE_S seconds each; trials per minute from the storage (measured
@@ -11,10 +14,11 @@
 #      every (study, config) must have been measured once, nothing left RUNNING, A's killed trials
 #      retried, and both supervisors must report the same studies finished.
 # Carry `.whl` (optuna and its needs, psycopg, psycopg-binary) and `.debs`; the wheels are
-# installed with pip --no-index into /tmp/site. Whole log: $OUT/scale.log; a short table last.
+# installed with pip --no-index into /tmp/site.
 # CPU check of the orchestration (fake objective, fake GPU ids, the local debs):
 #   SCALE_OBJECTIVE=test_search:make_fake SCALE_GPUS=4 FAKE_SLEEP=0.3 SCALE_S=20 \
-#     PYTHONPATH=$PWD/tests OUT=/tmp/out bash scripts/gpu/scale.sh
+#     PYTHONPATH=$PWD/tests OUT=/tmp/out bash scripts/gpu/search_scaling.sh
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
