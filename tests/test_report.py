@@ -411,7 +411,7 @@ def test_an_ab_directory_gets_its_own_report(tmp_path):
     settings = ab.ABSettings(prompt=4, steps=2, groups=2, replays=1, device="cpu",
                              families=("gemv",), profile=False)
     ab.run(("callable", TINY), batches=[2], settings=settings, out_root=tmp_path, out=lines.append)
-    directory = tmp_path / "TinyDecode-b2"
+    directory = tmp_path / "TinyDecode-b2-eager"  # <model>-b<batch>-<baseline>
     assert (directory / "ab.json").exists()
     assert f"  report: {directory / 'report.html'}" in lines
     page = parse(directory / "report.html")
@@ -419,7 +419,7 @@ def test_an_ab_directory_gets_its_own_report(tmp_path):
     for name in ("budget", "plan", "search", "verdicts"):
         (text,) = page.sections[name]["notes"]
         assert text.startswith("not run: this folder holds one A/B (`tuner ab`)")
-    assert page.headings[0] == ("h1", "tuner report: TinyDecode-b2")
+    assert page.headings[0] == ("h1", "tuner report: TinyDecode-b2-eager")
 
 
 def test_a_crashed_ab_given_with_ab_is_its_reason(recorded, tmp_path):

@@ -20,14 +20,16 @@ import json
 import re
 from pathlib import Path
 
+from ..baselines import check_baseline, strongest_available
 from ..errors import NoGPUError, TunerError, info, warn
 from ..report import write_ab_report
 from .child import run_child
-from .measure import ABSettings
+from .harness import check_spec
+from .measure import ABSettings, compile_backend, step_baseline
 from .verdict import EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, summary_lines
 
-__all__ = ["ABSettings", "ABVerdict", "AB_DIR", "linear_floors", "plan_lines", "projected_savings",
-           "run"]
+__all__ = ["ABSettings", "ABVerdict", "AB_DIR", "default_baselines", "linear_floors",
+           "plan_lines", "projected_savings", "run"]
 
 AB_DIR = Path("artifacts") / "ab"
 
@@ -38,15 +40,25 @@ def _label(spec: tuple[str, str]) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name) or "model"
 
 
-def plan_lines(spec: tuple[str, str], batches: list[int], settings: ABSettings) -> list[str]:
+def plan_lines(spec: tuple[str, str], batches: list[int], settings: ABSettings,
+               baselines: list[str] | None = None) -> list[str]:
     what = f"--hf-config {spec[1]}" if spec[0] == "hf" else spec[1]
     export = settings.export_dir or "artifacts/export/<this GPU>"
-    step = f"torch.compile'd ({settings.compile}) " if settings.compile else ""
+    names = baselines or [step_baseline(settings)]
     return [f"tuner ab would build {what} (dtype {settings.dtype}, prompt {settings.prompt}) at "
-            f"batch {', '.join(map(str, batches))}, capture its {step}decode step as a CUDA/HIP graph "
-            f"three ways (baseline, tuned with {export}, A/A), decode {settings.steps} steps per "
-            f"arm against an fp32 reference, time {settings.groups} x {settings.replays} replays "
-            f"per arm and profile each arm for the per-shape attribution"]
+            f"batch {', '.join(map(str, batches))}, against the baseline "
+            f"{' and '.join(names)} (each its own A/B), capture its decode step as a CUDA/HIP "
+            f"graph three ways (baseline, tuned with {export}, A/A), decode {settings.steps} steps "
+            f"per arm against an fp32 reference, time {settings.groups} x {settings.replays} "
+            f"replays per arm and profile each arm for the per-shape attribution"]
+
+
+def default_baselines(settings: ABSettings, gpu: bool) -> list[str]:
+    """The baseline the settings name, else the strongest this machine runs
+    (tuner.baselines.strongest_available); `compile` alone names only the backend."""
+    if settings.baseline:
+        return [check_baseline(settings.baseline)]
+    return [strongest_available(gpu)]
 
 
 def _have_gpu() -> bool:
@@ -87,7 +99,7 @@ def _harvest(traces: dict) -> tuple[dict, str]:
 
 
 def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
-                      tuned_rows: list[dict] | None = None) -> dict:
+                      tuned_rows: list[dict] | None = None, paths: list | None = None) -> dict:
     """attribution key ('m=..,n=..,k=..', 'attention b=.. h=.. kv=.. d=..') -> the saving the
     export projects per step for that call: the saving per call rank measured for the entry
     serving uses (exact, else nearest m / kv_len), times the calls per step in this A/B's own
@@ -104,7 +116,8 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
     os.environ["TUNER_EXPORT_DIR"] = str(export_dir)
     runtime.reset()
     try:
-        return _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows or [])
+        return _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows or [],
+                          paths if paths is not None else [])
     finally:
         if previous is None:
             os.environ.pop("TUNER_EXPORT_DIR", None)
@@ -113,7 +126,7 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
         runtime.reset()
 
 
-def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows) -> dict:
+def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows, paths) -> dict:
     """attribution key -> the export's projected saving per step for the baseline step's calls
     (the entry each call resolves to: exact, else nearest m / kv_len, as serving resolves it)."""
     from ..shapetable import attribution_key
@@ -146,8 +159,10 @@ def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows) -> di
             except Exception:  # noqa: BLE001 - no usable export: nothing projected
                 key = None
             entry = docs[family].get(key) if key else None
-            saving = ((entry or {}).get("measured") or {}).get("saving_us_per_call")
+            measured = (entry or {}).get("measured") or {}
+            saving = measured.get("saving_us_per_call")
             if saving is not None:
+                paths.append(str(measured.get("baseline_path") or "eager"))
                 name = attribution_key(row)
                 out[name] = out.get(name, 0.0) + float(saving) * float(row["calls_per_step"])
     return out
@@ -186,9 +201,12 @@ def _trace_only(spec, batches, settings, out_root, timeout_s, out) -> int:
     (`tuner harvest REPLAY --capture CAPTURE`) before a search of this model's shapes."""
     label = _label(spec)
     for batch in batches:
-        directory = Path(out_root) / f"{label}-b{batch}"
+        directory = Path(out_root) / f"{label}-b{batch}-{step_baseline(settings)}"
         s = ABSettings(**{**settings.__dict__, "batch": batch, "out_dir": str(directory)})
+        s.compile = compile_backend(s)
         child = run_child(spec, s, directory, timeout_s, echo=lambda line: info(f"  .. {line}"))
+        if child.usage_error:
+            raise TunerError(child.usage_error)
         if not child.ok:
             raise TunerError(f"tracing {label} at batch {batch} failed: {child.reason}")
         paths = child.data["traces"]["baseline"]
@@ -213,19 +231,30 @@ def _kv_heads_flag(spec: tuple[str, str]) -> str:
 
 
 def run(spec: tuple[str, str], *, batches: list[int], settings: ABSettings,
-        out_root: str | Path = AB_DIR, timeout_s: float | None = None, out=print) -> int:
-    """The A/B at every batch size; prints and writes each verdict; returns the exit code."""
+        baselines: list[str] | None = None, out_root: str | Path = AB_DIR,
+        timeout_s: float | None = None, out=print) -> int:
+    """The A/B at every batch size against every baseline (tuner.baselines.BASELINES; default:
+    `default_baselines`); prints and writes each verdict under out_root/<model>-b<batch>-<baseline>/;
+    returns the exit code."""
     if not batches or any(b < 1 for b in batches):
         raise TunerError(f"--batch needs positive batch sizes, got {batches}")
     if settings.steps < 1 or settings.groups < 2 or settings.replays < 1:
         raise TunerError("--steps must be >= 1, --groups >= 2 and --replays >= 1")
-    if settings.device == "cuda" and not _have_gpu():
-        for line in plan_lines(spec, batches, settings):
+    for name in baselines or ():
+        check_baseline(name)
+    check_spec(spec)  # a missing module, file or attribute: one line, before the GPU check
+    gpu = settings.device == "cuda" and _have_gpu()
+    baselines = list(baselines or default_baselines(settings, gpu))
+    if settings.device == "cuda" and not gpu:
+        for line in plan_lines(spec, batches, settings, baselines):
             out(line)
         raise NoGPUError("tuner ab needs a CUDA or ROCm GPU: it captures and times the decode "
                          "step as a graph; none is visible here")
     if settings.trace_only:
-        return _trace_only(spec, batches, settings, out_root, timeout_s, out)
+        if len(baselines) > 1:
+            raise TunerError("--trace-only traces one step: give one --baseline")
+        traced = ABSettings(**{**settings.__dict__, "baseline": baselines[0]})
+        return _trace_only(spec, batches, traced, out_root, timeout_s, out)
     export_dir = _export_dir(settings) if settings.device == "cuda" else (settings.export_dir or "")
     if settings.device == "cuda" and not Path(export_dir).is_dir():
         raise TunerError(f"no export at {export_dir}: run `tuner run` / `tuner export` first, or "
@@ -233,40 +262,52 @@ def run(spec: tuple[str, str], *, batches: list[int], settings: ABSettings,
     label = _label(spec)
     worst = EXIT_PASS
     for batch in batches:
-        run_label = f"{label}-b{batch}"
-        directory = Path(out_root) / run_label
-        s = ABSettings(**{**settings.__dict__, "batch": batch, "export_dir": export_dir or None,
-                          "out_dir": str(directory)})
-        info(f"tuner ab {run_label}: {plan_lines(spec, [batch], s)[0]}")
-        child = run_child(spec, s, directory, timeout_s, echo=lambda line: info(f"  .. {line}"))
-        tables, note = ({}, "")
-        projected: dict = {}
-        floors, floor_label = {}, ""
-        if child.ok and child.data.get("traces"):
-            tables, note = _harvest(child.data["traces"])
-            if note:
-                warn(note)
-            if tables.get("baseline") and export_dir:
-                projected = projected_savings(export_dir, tables["baseline"],
-                                              tables.get("tuned") or [])
-            if tables.get("baseline"):
-                floors, floor_label = linear_floors(tables["baseline"],
-                                                    str(child.data.get("device_name") or ""))
-                if not floors and floor_label:
-                    info(f"  {floor_label}")
-        verdict = decide(child.data if child.ok else None, label=run_label,
-                         crashed="" if child.ok else child.reason, tables=tables,
-                         projected=projected, floors=floors, floor_profile=floor_label)
-        directory.mkdir(parents=True, exist_ok=True)
-        record = verdict.to_json()
-        record["seconds"] = child.seconds
-        if note:
-            record["attribution_note"] = note
-        (directory / "ab.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        (directory / "ab.md").write_text(markdown(verdict))
-        for line in summary_lines(verdict):
-            out(line)
-        out(f"  written: {directory / 'ab.json'} and {directory / 'ab.md'}")
-        write_ab_report(directory, out=lambda line: out(f"  {line}"))  # report.html beside it
-        worst = max(worst, verdict.exit_code)
+        for baseline in baselines:
+            worst = max(worst, _one(spec, label, batch, baseline, settings, export_dir, out_root,
+                                    timeout_s, out))
     return EXIT_FAIL if worst != EXIT_PASS else EXIT_PASS
+
+
+def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s, out) -> int:
+    """One A/B (one batch size, one baseline): measured in a child, decided, written."""
+    run_label = f"{label}-b{batch}-{baseline}"
+    directory = Path(out_root) / run_label
+    s = ABSettings(**{**settings.__dict__, "batch": batch, "export_dir": export_dir or None,
+                      "out_dir": str(directory), "baseline": baseline})
+    s.compile = compile_backend(s)
+    info(f"tuner ab {run_label}: {plan_lines(spec, [batch], s)[0]}")
+    child = run_child(spec, s, directory, timeout_s, echo=lambda line: info(f"  .. {line}"))
+    if child.usage_error:
+        raise TunerError(child.usage_error)
+    tables, note = ({}, "")
+    projected: dict = {}
+    paths: list = []
+    floors, floor_label = {}, ""
+    if child.ok and child.data.get("traces"):
+        tables, note = _harvest(child.data["traces"])
+        if note:
+            warn(note)
+        if tables.get("baseline") and export_dir:
+            projected = projected_savings(export_dir, tables["baseline"],
+                                          tables.get("tuned") or [], paths)
+        if tables.get("baseline"):
+            floors, floor_label = linear_floors(tables["baseline"],
+                                                str(child.data.get("device_name") or ""))
+            if not floors and floor_label:
+                info(f"  {floor_label}")
+    verdict = decide(child.data if child.ok else None, label=run_label,
+                     crashed="" if child.ok else child.reason, tables=tables,
+                     projected=projected, floors=floors, floor_profile=floor_label,
+                     projection_baselines=paths)
+    directory.mkdir(parents=True, exist_ok=True)
+    record = verdict.to_json()
+    record["seconds"] = child.seconds
+    if note:
+        record["attribution_note"] = note
+    (directory / "ab.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    (directory / "ab.md").write_text(markdown(verdict))
+    for line in summary_lines(verdict):
+        out(line)
+    out(f"  written: {directory / 'ab.json'} and {directory / 'ab.md'}")
+    write_ab_report(directory, out=lambda line: out(f"  {line}"))  # report.html beside it
+    return verdict.exit_code

@@ -17,7 +17,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["ChildResult", "run_child"]
+__all__ = ["ChildResult", "USAGE_EXIT", "run_child"]
+
+USAGE_EXIT = 2  # the child's exit code for an error the user can act on (usage_error.txt)
 
 
 @dataclass
@@ -28,6 +30,7 @@ class ChildResult:
     stage: str  # the last stage the child started
     reason: str  # why it failed ('' when ok)
     seconds: float
+    usage_error: str = ""  # the user's to fix (a harness that cannot be built): one line
 
 
 def _exit_text(code: int) -> str:
@@ -46,7 +49,7 @@ def run_child(spec: tuple[str, str], settings, work: Path, timeout_s: float | No
     request = work / "request.json"
     progress = work / "progress.log"
     output = work / "measurement.json"
-    for path in (progress, output):
+    for path in (progress, output, work / "usage_error.txt", work / "error.txt"):
         path.unlink(missing_ok=True)
     request.write_text(json.dumps({"spec": list(spec), "settings": asdict(settings),
                                    "progress": str(progress), "output": str(output)}))
@@ -76,8 +79,12 @@ def run_child(spec: tuple[str, str], settings, work: Path, timeout_s: float | No
     seconds = time.time() - started
     if proc.returncode == 0 and output.exists():
         return ChildResult(True, json.loads(output.read_text()), 0, stage, "", seconds)
-    reason = f"the measurement process died at '{stage}' ({_exit_text(proc.returncode)})"
     error = work / "error.txt"
+    usage = work / "usage_error.txt"
+    if proc.returncode == USAGE_EXIT and usage.exists():
+        text = usage.read_text().strip()
+        return ChildResult(False, None, proc.returncode, stage, text, seconds, usage_error=text)
+    reason = f"the measurement process died at '{stage}' ({_exit_text(proc.returncode)})"
     if error.exists():
         reason += f": {error.read_text().strip()[:500]}"
     return ChildResult(False, None, proc.returncode, stage, reason, seconds)
@@ -100,6 +107,7 @@ def _last_stage(progress: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
+    from ..errors import TunerError
     from .measure import ABSettings, measure
 
     request = json.loads(Path(argv[0]).read_text())
@@ -113,6 +121,9 @@ def main(argv: list[str]) -> int:
 
     try:
         data = measure(tuple(request["spec"]), settings, stage)
+    except TunerError as exc:  # the user's harness or flags: one line, no traceback
+        (progress.parent / "usage_error.txt").write_text(str(exc))
+        return USAGE_EXIT
     except Exception as exc:  # noqa: BLE001 - reported by the parent with the stage
         (progress.parent / "error.txt").write_text(f"{type(exc).__name__}: {exc}")
         raise

@@ -20,15 +20,19 @@ weights (no download; transformers is an optional extra). The same factory calle
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import sys
 from pathlib import Path
 
 import torch
 
 from ..errors import TunerError
 
-__all__ = ["HFDecode", "REQUIRED", "check_harness", "hf_factory", "load_factory", "make_harness"]
+__all__ = ["HFDecode", "REQUIRED", "check_harness", "check_spec", "grouped_attention_shape",
+           "grouped_sdpa_attention", "hf_factory", "load_factory", "make_harness",
+           "transformers_attention"]
 
 REQUIRED = ("model", "prefill", "decode", "feed")
 FACTORY_ARGS = ("batch", "prompt", "steps", "dtype", "device", "seed")
@@ -49,7 +53,8 @@ class HFDecode:
         g = torch.Generator(device="cpu").manual_seed(seed + 1)
         self.prompt = torch.randint(0, vocab, (self.batch, self.prompt_len), generator=g).to(device)
         # room for the prompt, the compared steps and the timed replays (they rewrite one slot)
-        self.cache = StaticCache(config=model.config, max_cache_len=self.prompt_len + steps + 2)
+        self.max_cache_len = self.prompt_len + steps + 2
+        self.cache = StaticCache(config=model.config, max_cache_len=self.max_cache_len)
         self.tokens = torch.zeros(self.batch, 1, dtype=torch.long, device=device)
         self.position = torch.zeros(1, dtype=torch.long, device=device)
         # the cache's keyword: `cache` from transformers ~5.2x (`past_key_values` deprecated, to
@@ -84,6 +89,72 @@ class HFDecode:
     def feed(self, tokens: torch.Tensor) -> None:
         self.tokens.copy_(tokens.view(self.batch, 1))
         self.position.add_(1)
+
+
+def grouped_attention_shape(harness) -> dict | None:
+    """The decode attention call of a transformers harness whose model groups its KV heads, as an
+    attention-family shape (batch, heads, kv_heads, kv_len = the static cache's length, head_dim,
+    dtype); None for any other harness (its attention is its own code) or an ungrouped model."""
+    if not isinstance(harness, HFDecode):
+        return None
+    config = harness.model.config
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or (
+        getattr(config, "hidden_size", 0) // heads if heads else None)
+    if not (isinstance(heads, int) and isinstance(kv_heads, int) and head_dim) \
+            or kv_heads >= heads or heads % kv_heads:
+        return None
+    dtype = str(next(harness.model.parameters()).dtype).removeprefix("torch.")
+    return {"batch": harness.batch, "heads": heads, "kv_heads": kv_heads,
+            "kv_len": harness.max_cache_len, "head_dim": int(head_dim), "dtype": dtype}
+
+
+def grouped_sdpa_attention(own, form):
+    """A transformers attention function (its AttentionInterface signature) that runs a decode
+    call (one query token, no dropout, grouped KV heads) as SDPA on the grouped cache in `form`
+    (tuner.baselines.grouped_sdpa: no repeat_kv copy), and every other call (prefill, an
+    ungrouped or unusual call) through `own`, transformers' own function."""
+    from ..baselines import grouped_sdpa_op
+    from ..serving import _plain_kwargs
+
+    op = grouped_sdpa_op()
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                  is_causal=None, **kwargs):
+        batch, heads, rows, head_dim = query.shape
+        mask = attention_mask
+        if mask is not None and mask.dim() == 4:
+            mask = mask[:, :, :, : key.shape[-2]]  # as transformers' SDPA path slices it
+        if (rows == 1 and not dropout and key.dim() == 4 and value.shape == key.shape
+                and key.shape[1] < heads and heads % key.shape[1] == 0 and _plain_kwargs(kwargs)
+                and not torch.is_grad_enabled()
+                and (mask is None or mask.dim() == 4 and mask.shape[2] == 1
+                     and (mask.shape[1] == 1 or form.layout == "gqa"))):
+            out = op(query, key, value, mask, None if scaling is None else float(scaling),
+                     form.layout, form.backend)
+            return out.transpose(1, 2), None  # [batch, 1, heads, head_dim], as transformers'
+        return own(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                   is_causal=is_causal, **kwargs)
+
+    return attention
+
+
+@contextlib.contextmanager
+def transformers_attention(make):
+    """While inside, transformers' "sdpa" attention function is `make(own)` (own: transformers'
+    function); yields False (nothing replaced) where transformers is not imported."""
+    utils = sys.modules.get("transformers.modeling_utils")
+    mapping = getattr(getattr(utils, "AttentionInterface", None), "_global_mapping", None)
+    if not isinstance(mapping, dict) or not callable(mapping.get("sdpa")):
+        yield False
+        return
+    own = mapping["sdpa"]
+    mapping["sdpa"] = make(own)
+    try:
+        yield True
+    finally:
+        mapping["sdpa"] = own
 
 
 def _build_hf(config_dict: dict, *, batch: int, prompt: int, steps: int, dtype, device,
@@ -136,6 +207,25 @@ def load_factory(target: str):
     from ..harvest import load_callable
 
     return load_callable(target, instantiate=False, flag="tuner ab")
+
+
+def check_spec(spec: tuple[str, str]) -> None:
+    """What `tuner ab` checks before anything else (before it looks for a GPU): the config file
+    reads as a config, or the module imports and has the callable. A TunerError (one line)
+    otherwise, whatever the user's module raised while it was imported."""
+    kind, value = spec
+    if kind == "hf":
+        hf_factory(value)
+        return
+    try:
+        load_factory(value)
+    except TunerError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the user's module: a SyntaxError, a SystemExit
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise TunerError(f"tuner ab: importing {value.rpartition(':')[0]} failed: "
+                         f"{type(exc).__name__}: {exc}") from None
 
 
 def make_harness(factory, **kwargs):

@@ -39,11 +39,16 @@ from pathlib import Path
 
 import torch
 
-from .harness import hf_factory, load_factory, make_harness
+from .harness import (grouped_attention_shape, grouped_sdpa_attention, hf_factory, load_factory,
+                      make_harness, transformers_attention)
 
-__all__ = ["ARMS", "ABSettings", "compile_decode", "measure"]
+__all__ = ["ARMS", "CONTEXT_ARM", "ABSettings", "compile_backend", "compile_decode", "measure",
+           "step_baseline"]
 
 ARMS = ("baseline", "tuned", "aa")
+# transformers' own attention (repeat_kv: the grouped cache copied to one KV head per query head,
+# then SDPA), timed beside a grouped-SDPA baseline as context: never counted as a tuner saving
+CONTEXT_ARM = "repeat_kv"
 
 
 @dataclass
@@ -64,13 +69,33 @@ class ABSettings:
     device: str = "cuda"
     trace_only: bool = False  # only the baseline arm's capture + replay traces (for harvest)
     compile: str = ""  # a torch.compile backend for the decode step ("inductor"); "" = eager
+    # the step baseline (tuner.baselines.BASELINES): "eager", "compile" or "max-autotune";
+    # "" = "compile" when `compile` names a backend, else "eager"
+    baseline: str = ""
+    grouped_attention: bool = True  # a grouped-KV transformers model: SDPA on the grouped cache
 
 
-def compile_decode(harness, backend: str) -> None:
-    """Replace the harness's decode step by its torch.compile'd form (the module docstring)."""
-    if not backend:
-        return
-    harness.decode = torch.compile(harness.decode, backend=backend, dynamic=False)
+def step_baseline(settings: ABSettings) -> str:
+    """The step baseline the settings ask for (tuner.baselines.BASELINES)."""
+    from ..baselines import check_baseline
+
+    return check_baseline(settings.baseline or ("compile" if settings.compile else "eager"))
+
+
+def compile_backend(settings: ABSettings) -> str:
+    """The torch.compile backend of a compiled baseline ('' for the eager one)."""
+    return "" if step_baseline(settings) == "eager" else (settings.compile or "inductor")
+
+
+def compile_decode(harness, settings: ABSettings) -> None:
+    """Replace the harness's decode step by its form under the settings' step baseline
+    (tuner.baselines.compile_step: torch.compile'd, in max-autotune mode without Inductor's own
+    CUDA graphs for "max-autotune"; the module docstring)."""
+    from ..baselines import compile_step
+
+    baseline = step_baseline(settings)
+    if baseline != "eager":
+        harness.decode = compile_step(harness.decode, baseline, compile_backend(settings))
 
 
 def _factory(spec: tuple[str, str]):
@@ -214,6 +239,33 @@ def _profile(arm: _Arm, directory: Path, steps: int, gpu: bool) -> dict:
     return {"capture": str(capture_path), "replay": str(replay_path)}
 
 
+def _attention_baseline(harness, settings: ABSettings, gpu: bool, progress, result: dict):
+    """For a transformers model with grouped KV heads: the fastest grouped SDPA form on this
+    device for its decode call (tuner.baselines.fastest_sdpa_form), which the baseline arms run
+    in place of transformers' repeat_kv path; recorded in result["attention_baseline"]. None
+    (transformers' own attention everywhere) for other harnesses, ungrouped models, or
+    `grouped_attention` off. On the CPU the form is the math backend's, untimed."""
+    from ..baselines import SDPAForm, fastest_sdpa_form
+    from ..errors import TunerError
+
+    shape = grouped_attention_shape(harness) if settings.grouped_attention else None
+    if shape is None:
+        return None
+    progress("attention baseline: timing SDPA on the grouped cache, each form and backend")
+    if gpu:
+        try:
+            form, tried = fastest_sdpa_form(shape)
+        except TunerError as exc:  # no form runs: transformers' own attention stays the baseline
+            result["attention_baseline"] = {"form": "", "shape": shape, "why": str(exc)}
+            return None
+    else:
+        form, tried = SDPAForm("packed", "MATH"), [{"form": "SDPA packed (math)",
+                                                     "skipped": "not timed on the CPU"}]
+    result["attention_baseline"] = {"form": str(form), "layout": form.layout,
+                                    "backend": form.backend, "shape": shape, "tried": tried}
+    return form
+
+
 def _identity(device: str) -> dict:
     from ..device import versions
 
@@ -241,7 +293,7 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
     if settings.trace_only:
         progress("build: the model in " + settings.dtype)
         harness = make_harness(factory, dtype=dtype, **common)
-        compile_decode(harness, settings.compile)
+        compile_decode(harness, settings)
         with torch.no_grad():
             harness.prefill()
             arm = _Arm("baseline", harness, gpu)
@@ -265,11 +317,13 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
 
     progress("build: the model in " + settings.dtype)
     harness = make_harness(factory, dtype=dtype, **common)
-    compile_decode(harness, settings.compile)
+    compile_decode(harness, settings)
     model = harness.model
     result["model"] = {"class": type(model).__name__,
                        "parameters": int(sum(p.numel() for p in model.parameters())),
                        "dtype": settings.dtype}
+    result["baseline"] = step_baseline(settings)
+    form = _attention_baseline(harness, settings, gpu, progress, result)
 
     @contextlib.contextmanager
     def serve():
@@ -279,12 +333,27 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
         finally:
             handle.uninstall()
 
-    arms = [_Arm(name, harness, gpu, serve if name == "tuned" else None) for name in ARMS]
-    with torch.no_grad():
+    own: dict = {}
+
+    def grouped(transformers_own):
+        own["sdpa"] = transformers_own
+        return grouped_sdpa_attention(transformers_own, form)
+
+    @contextlib.contextmanager
+    def transformers_own():
+        with transformers_attention(lambda current: own["sdpa"]):
+            yield None
+
+    names = ARMS + ((CONTEXT_ARM,) if form is not None else ())
+    arms = [_Arm(name, harness, gpu, {"tuned": serve, CONTEXT_ARM: transformers_own}.get(name))
+            for name in names]
+    mode = compile_backend(settings)
+    with torch.no_grad(), (transformers_attention(grouped) if form is not None
+                           else contextlib.nullcontext()):
         harness.prefill()
         for arm in arms:
-            progress(f"capture: {arm.name} arm" + (f" (torch.compile {settings.compile}: the "
-                                                     f"warm-up compiles)" if settings.compile else ""))
+            progress(f"capture: {arm.name} arm" + (f" ({result['baseline']}, torch.compile {mode}: "
+                                                     f"the warm-up compiles)" if mode else ""))
             arm.capture()
         result["serving"] = arms[1].serving
 
@@ -303,6 +372,8 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
         if settings.profile:
             traces = {}
             for arm in arms:
+                if arm.name == CONTEXT_ARM:
+                    continue  # context only: timed, not attributed
                 progress(f"profile: {arm.name} arm")
                 harness.prefill()
                 traces[arm.name] = _profile(arm, Path(settings.out_dir) / "traces",

@@ -56,6 +56,13 @@ class ABVerdict:
     residual: dict = field(default_factory=dict)
     serving: dict = field(default_factory=dict)
     step_mode: str = "eager"  # how the decode step ran before capture: eager / torch.compile
+    baseline: str = "eager"  # the step baseline (tuner.baselines.BASELINES) the arms ran
+    attention_baseline: str = ""  # the grouped SDPA form the baseline's decode attention ran
+    # transformers' own attention (repeat_kv copy, then SDPA) timed beside a grouped-SDPA
+    # baseline: {"median_us", "over_baseline_us"}; context, never counted as a tuner saving
+    context: dict = field(default_factory=dict)
+    # how the export's projected savings were measured (rank's baseline_path per entry used)
+    projection_baselines: list = field(default_factory=list)
     # the linears' physical ceiling: the baseline step with every attributed linear shape at its
     # floor (bytes / bandwidth, flops / rate, the kernel floor) on `floor_profile`
     ceiling_step_us: float = math.nan
@@ -149,6 +156,16 @@ def _timing(verdict: ABVerdict, group_us: dict) -> None:
             verdict.reasons.append(
                 f"not faster beyond the A/A margin: {verdict.speedup:.4f}x, lower bound "
                 f"{verdict.speedup_low:.4f} <= 1 + {verdict.aa_margin:.4f}")
+
+
+def _context(verdict: ABVerdict) -> None:
+    """transformers' own attention path beside the grouped baseline: what its repeat_kv copies
+    cost the step (a saving the tuned arm does not claim)."""
+    arm = verdict.arms.get("repeat_kv")
+    base = verdict.arms.get("baseline")
+    if arm and base:
+        verdict.context = {"median_us": arm["median_us"],
+                           "over_baseline_us": arm["median_us"] - base["median_us"]}
 
 
 def _outputs(verdict: ABVerdict, data: dict, margin: float) -> None:
@@ -269,18 +286,28 @@ def _ceiling(verdict: ABVerdict) -> None:
 
 def decide(data: dict | None, *, label: str, crashed: str = "", tables: dict | None = None,
            projected: dict | None = None, margin: float = DEFAULT_MARGIN,
-           floors: dict | None = None, floor_profile: str = "") -> ABVerdict:
+           floors: dict | None = None, floor_profile: str = "",
+           projection_baselines: list | None = None) -> ABVerdict:
     """The verdict of one A/B from its recorded measurement (module docstring). `floors` (shape
     -> floor µs per step, see attribution_rows) give the linears' ceiling; it informs, it does
-    not decide."""
+    not decide. `projection_baselines`: how the export's savings behind the projection were
+    measured (rank's baseline_path of each entry used)."""
     verdict = ABVerdict(label=label, arms={}, crashed=crashed)
     if crashed or data is None:
         verdict.reasons.append(f"crashed: {crashed or 'no measurement'}")
         return verdict
-    backend = (data.get("settings") or {}).get("compile") or ""
-    verdict.step_mode = f"torch.compile ({backend})" if backend else "eager"
+    settings = data.get("settings") or {}
+    backend = settings.get("compile") or ""
+    verdict.baseline = data.get("baseline") or settings.get("baseline") or (
+        "compile" if backend else "eager")
+    backend = backend or ("inductor" if verdict.baseline != "eager" else "")
+    verdict.step_mode = {"compile": f"torch.compile ({backend})",
+                         "max-autotune": f"torch.compile max-autotune ({backend}, without "
+                                         f"Inductor's CUDA graphs)"}.get(verdict.baseline, "eager")
+    verdict.attention_baseline = (data.get("attention_baseline") or {}).get("form") or ""
     verdict.serving = data.get("serving") or {}
     _timing(verdict, data.get("group_us") or {})
+    _context(verdict)
     _outputs(verdict, data, margin)
     if tables:
         timed = {name: arm["median_us"] for name, arm in verdict.arms.items()}
@@ -291,6 +318,7 @@ def decide(data: dict | None, *, label: str, crashed: str = "", tables: dict | N
             _ceiling(verdict)
     if projected:
         verdict.projected_us = sum(v for v in projected.values() if math.isfinite(v))
+    verdict.projection_baselines = sorted(set(projection_baselines or ()))
     return verdict
 
 
@@ -301,12 +329,14 @@ def _f(value, fmt: str) -> str:
 
 
 def summary_lines(v: ABVerdict) -> list[str]:
-    out = [f"A/B {v.label} (decode step: {v.step_mode}, one CUDA/HIP graph)"]
+    out = [f"A/B {v.label} (baseline {v.baseline}: decode step {v.step_mode}, one CUDA/HIP graph"
+           + (f"; decode attention {v.attention_baseline} on the grouped cache"
+              if v.attention_baseline else "") + ")"]
     if v.crashed:
         out.append(f"  CRASHED: {v.crashed}")
         out.append("  verdict: FAIL (exit 3)")
         return out
-    for name in ("baseline", "tuned", "aa"):
+    for name in ("baseline", "tuned", "aa", "repeat_kv"):
         arm = v.arms.get(name)
         if arm:
             out.append(f"  {name:<8} {arm['median_us']:10.1f} us/step  (±{arm['spread_pct']:.2f}% "
@@ -316,7 +346,11 @@ def summary_lines(v: ABVerdict) -> list[str]:
                f"±{_f(v.aa_margin, '.4f')}")
     out.append(f"  saving   {_f(v.saving_us, '.1f')} us/step measured, "
                f"{_f(v.projected_us, '.1f')} projected (measured/projected "
-               f"{_f(v.measured_over_projected, '.2f')})")
+               f"{_f(v.measured_over_projected, '.2f')})" + _projection_note(v))
+    if v.context:
+        out.append(f"  context  transformers' own attention (repeat_kv copy, then SDPA) "
+                   f"{v.context['median_us']:.1f} us/step, {v.context['over_baseline_us']:+.1f} us "
+                   f"against the grouped baseline: not counted as a tuner saving")
     tf = (v.outputs or {}).get("teacher_forced") or {}
     if tf:
         parts = [f"{n} err {_f(r['max_error'], '.2e')} agree {_f(r['agreement'], '.3f')}"
@@ -347,20 +381,36 @@ def summary_lines(v: ABVerdict) -> list[str]:
     return out
 
 
+def _projection_note(v: ABVerdict) -> str:
+    """Where the export's savings were measured against another baseline than this A/B's."""
+    paths = [p for p in v.projection_baselines if p]
+    if not paths or not math.isfinite(v.projected_us):
+        return ""
+    return f"; projected from savings rank measured against: {', '.join(paths)}"
+
+
 def markdown(v: ABVerdict) -> str:
-    lines = [f"# A/B: {v.label}", "", f"Decode step: {v.step_mode}, captured as one CUDA/HIP graph.",
-             ""]
+    lines = [f"# A/B: {v.label}", "", f"Baseline: **{v.baseline}**. Decode step: {v.step_mode}, "
+             f"captured as one CUDA/HIP graph."
+             + (f" Decode attention of the baseline arms: {v.attention_baseline} on the grouped "
+                f"KV cache." if v.attention_baseline else ""), ""]
     if v.crashed:
         return "\n".join(lines + [f"**Crashed:** {v.crashed}", "", "Verdict: FAIL (exit 3)", ""])
     lines += ["| arm | µs/step | spread |", "|---|---:|---:|"]
-    for name in ("baseline", "tuned", "aa"):
+    for name in ("baseline", "tuned", "aa", "repeat_kv"):
         arm = v.arms.get(name)
         if arm:
             lines.append(f"| {name} | {arm['median_us']:.1f} | ±{arm['spread_pct']:.2f}% |")
     lines += ["", f"Speedup {_f(v.speedup, '.4f')}× [{_f(v.speedup_low, '.4f')}, "
               f"{_f(v.speedup_high, '.4f')}], A/A {_f(v.aa_ratio, '.4f')}× (margin "
               f"±{_f(v.aa_margin, '.4f')}). Saving {_f(v.saving_us, '.1f')} µs/step measured, "
-              f"{_f(v.projected_us, '.1f')} projected ({_f(v.measured_over_projected, '.2f')}).", ""]
+              f"{_f(v.projected_us, '.1f')} projected ({_f(v.measured_over_projected, '.2f')})"
+              f"{_projection_note(v)}.", ""]
+    if v.context:
+        lines += [f"Context (not counted as a tuner saving): transformers' own attention path, "
+                  f"which copies the grouped KV cache per query head (repeat_kv) before SDPA, "
+                  f"takes {v.context['median_us']:.1f} µs/step, "
+                  f"{v.context['over_baseline_us']:+.1f} µs against the grouped baseline.", ""]
     if math.isfinite(v.ceiling_step_us):
         lines += [f"Ceiling of linear tuning: with every attributed linear shape at its floor the "
                   f"baseline step would take {v.ceiling_step_us:.1f} µs "

@@ -87,6 +87,7 @@ ATTN_BHLD = frozenset({
     "aten::_scaled_dot_product_fused_attention_overrideable",
     "aten::_cudnn_attention_forward",
     "tuner::decode_attention",  # tuner.serving's custom op (q [batch, heads, 1, head_dim])
+    "tuner::grouped_sdpa",  # tuner.baselines' grouped decode SDPA (tuner ab's baseline arms)
 })
 # Attention ops whose q/k are [batch, len, heads, head_dim] (or [tokens, heads, head_dim] varlen).
 ATTN_BLHD = frozenset({

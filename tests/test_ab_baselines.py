@@ -1,0 +1,223 @@
+"""The strongest baselines in `tuner ab`: the step baselines (eager, compile, max-autotune), the
+grouped-cache SDPA that replaces transformers' repeat_kv path in the baseline arms, and that copy
+timed as context, never as a tuner saving."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.attention import make_inputs, reference
+from tuner import baselines
+from tuner.ab import verdict as abv
+from tuner.ab.measure import ABSettings, measure
+from tuner.cli import main
+from tuner.errors import TunerError
+
+HERE = Path(__file__).resolve().parent
+TINY = f"{HERE / 'fixtures' / 'ab' / 'tiny_lm.py'}:TinyDecode"
+
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 256,
+              "rms_norm_eps": 1e-5, "head_dim": 16}
+
+
+def test_baseline_names_parse_and_bad_ones_are_refused():
+    assert baselines.parse_baselines("eager, max-autotune") == ["eager", "max-autotune"]
+    with pytest.raises(TunerError, match="unknown baseline 'fast'"):
+        baselines.parse_baselines("eager,fast")
+    with pytest.raises(TunerError, match="twice"):
+        baselines.parse_baselines("compile,compile")
+    with pytest.raises(TunerError, match="one or more"):
+        baselines.parse_baselines(" , ")
+    assert baselines.strongest_available(gpu=False) == "eager"
+    assert baselines.COMPILE_MODES["max-autotune"] == "max-autotune-no-cudagraphs"
+
+
+def test_compile_step_passes_the_mode_only_to_inductor(monkeypatch):
+    seen = {}
+
+    def fake_compile(fn, **kwargs):
+        seen.update(kwargs)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    step = lambda: 1  # noqa: E731
+    assert baselines.compile_step(step, "eager") is step and not seen
+    baselines.compile_step(step, "max-autotune")
+    assert seen == {"backend": "inductor", "dynamic": False, "mode": "max-autotune-no-cudagraphs"}
+    seen.clear()
+    baselines.compile_step(step, "compile", backend="aot_eager")
+    assert seen == {"backend": "aot_eager", "dynamic": False}
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_every_grouped_sdpa_form_that_runs_matches_the_reference_without_a_copy(masked):
+    shape = {"batch": 3, "heads": 8, "kv_heads": 2, "kv_len": 40, "head_dim": 16,
+             "dtype": "bfloat16"}
+    inputs = make_inputs(shape, "cpu", 1)
+    if masked:
+        valid = torch.zeros(3, 1, 40, dtype=torch.bool)
+        valid[..., :29] = True
+        inputs["mask"] = valid
+    want = reference(inputs)
+    ran = []
+    for form in baselines.sdpa_forms():
+        try:
+            got = baselines.grouped_sdpa(inputs, form)
+        except RuntimeError:  # a backend that does not take this call on the CPU
+            continue
+        ran.append(form)
+        assert got.shape == want.shape
+        assert float((got.float() - want).abs().max()) < 2e-2, form
+    assert {f.layout for f in ran} == {"packed", "gqa"}  # the math backend runs both
+
+
+def test_the_grouped_op_is_what_a_trace_records_as_the_decode_call():
+    """tuner::grouped_sdpa takes q [b, h, 1, d] and the grouped k / v: harvest reads it as the
+    decode attention call tuner.serving replaces (heads and KV heads as they are)."""
+    from tuner.harvest.config import ATTN_BHLD
+
+    assert "tuner::grouped_sdpa" in ATTN_BHLD
+    op = baselines.grouped_sdpa_op()
+    q = torch.randn(2, 4, 1, 8)
+    k, v = torch.randn(2, 2, 10, 8), torch.randn(2, 2, 10, 8)
+    out = op(q, k, v, None, None, "packed", "MATH")
+    want = reference({"q": q[:, :, 0], "k": k, "v": v})
+    assert out.shape == (2, 4, 1, 8) and torch.allclose(out[:, :, 0], want, atol=1e-5)
+
+
+@pytest.fixture
+def llama_config(tmp_path):
+    pytest.importorskip("transformers")
+    path = tmp_path / "tiny_llama.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return path
+
+
+def test_a_grouped_model_runs_grouped_sdpa_in_its_baseline_and_repeat_kv_as_context(
+        llama_config, tmp_path):
+    (tmp_path / "export").mkdir()
+    settings = ABSettings(batch=2, prompt=4, steps=3, groups=2, replays=1, device="cpu",
+                          export_dir=str(tmp_path / "export"), out_dir=str(tmp_path / "ab"),
+                          families=("gemv",), profile_steps=1, baseline="eager")
+    stages = []
+    data = measure(("hf", str(llama_config)), settings, stages.append)
+    assert any(s.startswith("attention baseline") for s in stages)
+    assert data["attention_baseline"]["layout"] == "packed"
+    assert data["attention_baseline"]["shape"]["kv_heads"] == 2
+    assert set(data["group_us"]) == {"baseline", "tuned", "aa", "repeat_kv"}
+    forced = data["outputs"]["teacher_forced"]
+    # the grouped call computes what transformers' repeat_kv path computes, up to bf16 rounding
+    for got, want in zip(forced["baseline"]["error"], forced["repeat_kv"]["error"]):
+        assert math.isclose(got, want, rel_tol=0.05, abs_tol=1e-3)
+    assert forced["aa"] == forced["baseline"]
+    # the baseline arm's trace records the grouped call; the context arm is not profiled
+    assert "repeat_kv" not in data["traces"]
+    capture = Path(data["traces"]["baseline"]["capture"]).read_text()
+    assert "tuner::grouped_sdpa" in capture
+    v = abv.decide(data, label="tiny")
+    assert v.baseline == "eager" and v.attention_baseline == "SDPA packed (math)"
+    assert set(v.context) == {"median_us", "over_baseline_us"}
+    lines = "\n".join(abv.summary_lines(v))
+    assert "not counted as a tuner saving" in lines and "grouped cache" in lines
+    assert "repeat_kv" in abv.markdown(v)
+
+
+def test_transformers_attention_can_stay_the_baseline(llama_config, tmp_path):
+    (tmp_path / "export").mkdir()
+    settings = ABSettings(batch=1, prompt=4, steps=2, groups=2, replays=1, device="cpu",
+                          export_dir=str(tmp_path / "export"), out_dir=str(tmp_path / "ab"),
+                          families=("gemv",), profile=False, reference=False,
+                          grouped_attention=False)
+    data = measure(("hf", str(llama_config)), settings)
+    assert "attention_baseline" not in data and set(data["group_us"]) == {"baseline", "tuned", "aa"}
+
+
+def test_the_verdict_names_its_baseline_and_where_the_projection_was_measured():
+    data = {"settings": {"compile": "inductor", "baseline": "max-autotune"},
+            "baseline": "max-autotune",
+            "group_us": {"baseline": [100.0, 101.0, 100.5], "tuned": [90.0, 90.5, 90.2],
+                         "aa": [100.2, 100.9, 100.4]}}
+    v = abv.decide(data, label="m-b1-max-autotune", projected={"m=1,n=8,k=8": 12.0},
+                   projection_baselines=["eager", "max-autotune", "eager"])
+    assert v.step_mode.startswith("torch.compile max-autotune")
+    assert v.projection_baselines == ["eager", "max-autotune"]
+    line = next(x for x in abv.summary_lines(v) if x.strip().startswith("saving"))
+    assert "measured against: eager, max-autotune" in line
+    assert "baseline max-autotune" in abv.summary_lines(v)[0]
+
+
+def test_ab_flags_for_baselines_are_checked_in_one_line(capsys):
+    assert main(["ab", TINY, "--baseline", "fastest"]) == 2
+    assert "unknown baseline 'fastest'" in capsys.readouterr().err
+    assert main(["ab", TINY, "--compile", "--baseline", "max-autotune"]) == 2
+    assert "--compile is --baseline compile" in capsys.readouterr().err
+
+
+def test_ab_without_a_gpu_names_the_baselines_it_would_run(capsys):
+    from tuner import ab
+
+    if ab._have_gpu():
+        pytest.skip("this machine has a GPU")
+    assert main(["ab", TINY, "--baseline", "eager,max-autotune"]) == 2
+    out = capsys.readouterr().out
+    assert "against the baseline eager and max-autotune" in out
+
+
+@pytest.mark.parametrize("target, words", [
+    ("no_such_module_anywhere:Decode", "cannot import no_such_module_anywhere"),
+    ("missing/file.py:Decode", "file not found"),
+    (f"{HERE / 'fixtures' / 'ab' / 'tiny_lm.py'}:NoSuchThing", "has no attribute 'NoSuchThing'"),
+])
+def test_a_harness_that_cannot_be_found_is_one_line_before_the_gpu_check(capsys, target, words):
+    assert main(["ab", target]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tuner: error:") and words in err and "GPU" not in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_module_that_raises_on_import_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad_harness.py"
+    bad.write_text("raise ValueError('no model here')\n")
+    assert main(["ab", f"{bad}:Decode"]) == 2
+    err = capsys.readouterr().err
+    assert "importing" in err and "ValueError: no model here" in err and "Traceback" not in err
+
+
+def test_a_harness_that_raises_in_the_child_is_one_line(tmp_path):
+    from tuner.ab.child import run_child
+
+    bad = tmp_path / "raising_harness.py"
+    bad.write_text("def Decode(batch):\n    raise RuntimeError('weights missing')\n")
+    settings = ABSettings(batch=1, prompt=4, steps=1, groups=2, replays=1, device="cpu",
+                          reference=False, profile=False, out_dir=str(tmp_path / "ab"))
+    result = run_child(("callable", f"{bad}:Decode"), settings, tmp_path / "work", timeout_s=120)
+    assert not result.ok and result.returncode == 2
+    assert "building the model failed: RuntimeError: weights missing" in result.usage_error
+
+
+@pytest.mark.gpu
+def test_the_max_autotune_arm_captures_and_replays_in_one_graph(llama_config, tmp_path):
+    """max-autotune without Inductor's own CUDA graphs, inside the harness's one graph: every arm
+    captures, the A/A arm replays the baseline's compiled step bit for bit."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA or ROCm GPU")
+    (tmp_path / "export").mkdir()
+    settings = ABSettings(batch=2, prompt=8, steps=3, groups=3, replays=2, device="cuda",
+                          export_dir=str(tmp_path / "export"), out_dir=str(tmp_path / "ab"),
+                          families=("gemv",), profile=False, baseline="max-autotune",
+                          compile="inductor")
+    stages = []
+    data = measure(("hf", str(llama_config)), settings, stages.append)
+    assert any("max-autotune, torch.compile inductor" in s for s in stages)
+    assert set(data["group_us"]) == {"baseline", "tuned", "aa", "repeat_kv"}
+    assert all(math.isfinite(g) and g > 0 for groups in data["group_us"].values() for g in groups)
+    forced = data["outputs"]["teacher_forced"]
+    assert forced["aa"] == forced["baseline"]
+    assert data["attention_baseline"]["form"]
