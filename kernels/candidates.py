@@ -74,7 +74,7 @@ def _gemv(shape: dict, sms: int) -> list[dict]:
     base += [(dot(32, 128, 4, 4, 1), True), (dot(64, 128, 4, 4, 1), False)]
     # USE_DOT 2 (swap-AB wgmma, W by TMA): 64 / 128 weight rows a program, 4-6 stages in flight
     # (the 6-stage one split as well was measured slower on all 20 m = 4-8 cases it ran on,
-    # by 6-50%: session 18, BENCHMARKS.md)
+    # by 6-50%: BENCHMARKS.md, "Tried and refuted")
     base += [(dot(64, 128, 4, 4, 2), True), (dot(64, 128, 4, 6, 2), False),
              (dot(128, 128, 4, 4, 2), True), (dot(128, 128, 8, 4, 2), False),
              (dot(64, 256, 4, 4, 2), False)]
@@ -85,9 +85,9 @@ def _gemv(shape: dict, sms: int) -> list[dict]:
             configs += [{**c, "SPLIT_K": s} for s in
                         split_counts(cdiv(n, c["ROWS_PER_BLOCK"]), k, c["BLOCK_K"], 2, sms)]
     # (a K split of 2 of the skinny configs that win the 4096-row down projections unsplit, 64 ->
-    # 128 programs, was measured in session 20: within +-0.6% of the unsplit config in all 8
+    # 128 programs, was measured on the H200: within +-0.6% of the unsplit config in all 8
     # cases at m = 1, 4, 8, best in none; a read of that weight by 64 programs costs only ~1 us
-    # more than by 128 (BENCHMARKS.md, session 20))
+    # more than by 128 (BENCHMARKS.md, "Tried and refuted"))
     return configs
 
 
@@ -133,16 +133,16 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
         base += [(skinny(sm, 128, 128, 8, 4), 0)]
     if m >= 128:
         # 256 weight rows a program (wgmma's M side on two warpgroups): the activation tile is
-        # read from L2 once per 256 weight rows, not per 64 / 128. The H200 sweep of session 18
+        # read from L2 once per 256 weight rows, not per 64 / 128. The H200 sweep of the m >= 64 cases
         # (BENCHMARKS.md) kept it for the widest shapes (8 of 32 cases at m = 128 / 256, by
         # 0.1-7.9%, all but one unsplit); at m = 64 it won one case by 0.1%
         base += [(skinny(sm, 256, 64, 8, 4), 1)]
     # (warp-specialised twins of the skinny descriptor kernel, tl.range(warp_specialize=True),
-    # were measured in session 19: > 1% slower than the same config on 192 of 209 pairs, best in
+    # were measured on the H200: > 1% slower than the same config on 192 of 209 pairs, best in
     # no case at m = 4-256; tiles of >= 128 weight rows hung the GPU on Triton 3.6. docs/kernels.md)
     if m >= 256:
         # (the tiled kernel's 256 x 128 tile, each weight tile read by one program, was measured
-        # in session 18: slower than the best config on 8 of 9 8B shapes, by up to 2.7x, a tie
+        # on the H200: slower than the best config on 8 of 9 8B shapes, by up to 2.7x, a tie
         # on the ninth; BENCHMARKS.md)
         base += [(skinny(256, 64, 64, 4, 4), 0), (skinny(256, 128, 64, 8, 3), 0)]
     configs = []

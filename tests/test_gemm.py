@@ -189,7 +189,7 @@ def test_real_prefill_rows_from_the_bundled_table():
             assert space_for("gemm", backend).allows(gemm.default_config(shape, backend), shape)
 
 
-# ------------------------------------------------- issue 15: SWAP_AB, the skinny decode kernel
+# ----------------------------------------------------------- SWAP_AB, the skinny decode kernel
 SKINNY = [
     {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1, "SWAP_AB": 1, "TMA": 1},
     {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "SPLIT_K": 3, "SWAP_AB": 1, "TMA": 1},

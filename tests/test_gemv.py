@@ -202,7 +202,7 @@ def test_addmm_rows_carry_bias_and_mm_rows_do_not():
                                                                  "dtype": "bfloat16"}
 
 
-# --------------------------------------------------------------- issue 15: the new variants
+# ------------------------------------------- the skinny (USE_DOT 2) and pipelined FMA variants
 # USE_DOT 2 (the swap-AB skinny kernel of kernels/skinny.py) and the pipelined FMA loop
 # (num_stages > 1 with USE_DOT 0). k = 100 takes the pointer kernel (rows of 200 bytes are no
 # TMA rows); k = 104 (208-byte rows) the descriptor kernel. Tiny tiles keep the interpreter quick.

@@ -137,7 +137,7 @@ def test_whole_hip_space_compiles_for_gfx942(shape, record_property):
     _check_all_fit(GFX942, space_for("gemv", "hip").configs(shape), shape, record_property)
 
 
-# --------------------------------------------------------------- issue 15: the new variants
+# ------------------------------------------- the skinny (USE_DOT 2) and pipelined FMA variants
 M1 = {"m": 1, "n": 14336, "k": 4096, "dtype": "bfloat16"}
 SKINNY_CUDA = {"ROWS_PER_BLOCK": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4,
                "num_stages": 4, "USE_DOT": 2, "BALANCE_N": 0}

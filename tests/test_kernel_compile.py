@@ -148,13 +148,13 @@ def test_tma_configs_compile_for_sm90(compiled):
         assert gemm_smem_estimate(TMA) < report.shared <= gemm_smem_estimate(TMA) + 1024
 
 
-# ------------------------------------------------- issue 15: SWAP_AB, the skinny decode kernel
+# ----------------------------------------------------------- SWAP_AB, the skinny decode kernel
 SKINNY_SHAPES = [{"m": m, "n": n, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
                  for m, n in ((16, 14336), (32, 6144), (128, 4096), (256, 28672))]
 SKINNY_CUDA = [  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, TMA)
     (16, 64, 128, 4, 6, 1), (16, 128, 256, 4, 3, 1), (32, 128, 128, 4, 4, 1),
     (128, 128, 128, 8, 3, 1), (128, 64, 128, 4, 4, 0), (256, 128, 64, 8, 3, 1),
-    (128, 256, 64, 8, 4, 1)]  # the 256-row tile of the m >= 128 known list (session 18)
+    (128, 256, 64, 8, 4, 1)]  # the 256-row tile of the m >= 128 known list
 
 
 def _skinny(bm, bn, bk, w, s, tma):
