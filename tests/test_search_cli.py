@@ -10,7 +10,7 @@ import pytest
 from tuner import search, shapetable
 from tuner.cli import main
 from tuner.errors import TunerError
-from tuner.search import stage
+from tuner.search import gpus
 
 from test_search import EXAMPLE, ROOT, _table
 
@@ -41,7 +41,7 @@ def fakes(monkeypatch):
 
 
 def test_search_without_a_gpu_says_so_before_asking_for_a_device(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(stage, "have_gpu", lambda: False)
+    monkeypatch.setattr(gpus, "have_gpu", lambda: False)
     table = _table([(1, 14336, 4096, 200.0, 32.0)]).assign(device="Some Unknown GPU")
     path = shapetable.write(table, tmp_path / "shapes.parquet")
     for extra in ([], ["--gpus", "0"], ["--gpus", "0,1", "--device", "h200"]):
@@ -52,7 +52,7 @@ def test_search_without_a_gpu_says_so_before_asking_for_a_device(tmp_path, capsy
 
 
 def test_gpu_ids_the_machine_does_not_have_are_refused(monkeypatch):
-    monkeypatch.setattr(stage, "have_gpu", lambda: True)
+    monkeypatch.setattr(gpus, "have_gpu", lambda: True)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     search.require_gpu(["0", "1"])
     with pytest.raises(TunerError, match="no GPU 2 here"):

@@ -12,6 +12,7 @@ uses them:
 - `samplers`: tpe / gp / random / grid, and the ``space`` / ``parity`` constraints.
 - `claims`: which trial measures a config and what happens to one that did not (the contract
   for duplicates, step-asides, the --trials cap, retries, orphans and the unexplored queue).
+- `gpus`: the GPUs of this machine a search runs on, and refusing ids it lacks.
 - `worker`: one process per GPU, one trial at a time by ask and tell; its messages.
 - `supervisor`: the studies, the workers, and every way a worker can end.
 - `summary`: what the storage holds at the end, per shape; why a search produced nothing.
@@ -23,6 +24,7 @@ from __future__ import annotations
 from .claims import (CLAIM_WAIT_S, MAX_DEATHS_PER_CONFIG, MAX_SAMPLER_REPEATS, RETRYABLE_PREFIXES,
                      SKIPPED, Ending, StudyState, fail_orphans, read_state, study_done,
                      was_enqueued)
+from .gpus import have_gpu, parse_gpus, require_gpu, visible_gpus
 from .objective import (GpuObjective, Objective, ObjectiveFactory, TrialResult, gpu_objective,
                         resolve_factory)
 from .planning import (DEFAULT_STORAGE, DEFAULT_TRIALS, PARITY_MODES, LaunchBound, SearchSettings,
@@ -32,10 +34,10 @@ from .planning import (DEFAULT_STORAGE, DEFAULT_TRIALS, PARITY_MODES, LaunchBoun
                        study_plans, valid_params)
 from .samplers import (CONSTRAINT_KEYS, SAMPLERS, check_sampler, make_sampler, n_startup,
                        set_constraints, startup_configs)
-from .stage import have_gpu, parse_gpus, require_gpu, search
+from .stage import search
 from .storage import make_storage, plain, storage_url
 from .summary import SearchSummary, ShapeResult, format_summary, problem, summarize
-from .supervisor import prepare_studies, run_search, visible_gpus
+from .supervisor import prepare_studies, run_search
 from .worker import EXIT_CONTEXT_LOST, record_result, run_trial
 
 __all__ = [

@@ -1,68 +1,28 @@
 """`tuner search` as one call: check the machine, read the shape table, plan, search.
 
 `search(...)` refuses what cannot work before any work: no GPU (before asking for a device
-profile), GPU ids this machine does not have, an unusable storage. It budgets the table (the
-one planner, tuner.search.planning), prints each skipped shape with its reason and each planned
-study, and runs `run_search`. When no shape survives, the error names --min-saving and, for a
+profile), GPU ids this machine does not have (both: tuner.search.gpus), an unusable storage. It
+budgets the table (the one planner, tuner.search.planning), prints each skipped shape with its
+reason and each planned study, and runs the supervisor's `run_search`. When no shape survives, the error names --min-saving and, for a
 launch-bound trace budgeted against the wall step, --graph-captured.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
 
-from ..errors import NoGPUError, TunerError, info
+from ..errors import TunerError, info
+from .gpus import have_gpu, parse_gpus, require_gpu, visible_gpus
 from .objective import ObjectiveFactory
 from .planning import (DEFAULT_STORAGE, SearchSettings, judge, launch_bound,
                        plan_shapes, share_time, study_plans)
 from .samplers import check_sampler
 from .storage import storage_url
 from .summary import SearchSummary
+from .supervisor import run_search
 
 __all__ = ["check_gpu_stack", "have_gpu", "parse_gpus", "require_gpu", "search"]
-
-
-def have_gpu() -> bool:
-    """Does torch see a CUDA or ROCm device here?"""
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - no torch, or a broken driver: no GPU
-        return False
-
-
-def require_gpu(gpus: list[str] | None = None) -> None:
-    """Refuse a GPU search on a machine without a GPU, or with GPU ids it does not have."""
-    if not have_gpu():
-        raise NoGPUError("tuner search needs a GPU (CUDA or ROCm) to time the candidates and "
-                         "none is visible here; `tuner budget SHAPES` and `tuner run TRACE` "
-                         "screen shapes without one")
-    if not gpus:
-        return
-    for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
-        if os.environ.get(var):
-            allowed = [g.strip() for g in os.environ[var].split(",") if g.strip()]
-            break
-    else:
-        import torch
-
-        allowed = [str(i) for i in range(torch.cuda.device_count())]
-    missing = [g for g in gpus if g not in allowed]
-    if missing:
-        raise TunerError(f"--gpus {','.join(gpus)}: no GPU {', '.join(missing)} here "
-                         f"(visible: {', '.join(allowed) or 'none'})")
-
-
-def parse_gpus(text: str | None) -> list[str] | None:
-    if text is None:
-        return None
-    gpus = [g.strip() for g in str(text).split(",") if g.strip()]
-    if not gpus:
-        raise TunerError(f"--gpus needs GPU ids like 0,1; got {text!r}")
-    return gpus
 
 
 def check_gpu_stack(family: str) -> None:
@@ -104,9 +64,6 @@ def search(shapes_path: str | Path, family: str, *, device=None, storage: str | 
     the same orchestration. `graph_captured` budgets against the GPU-busy step.
     """
     from tuner.device import choose_profile
-
-    from .supervisor import run_search, visible_gpus
-
     from tuner.parity import resolve_gate
 
     check_sampler(sampler)

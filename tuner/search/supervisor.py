@@ -20,7 +20,6 @@ is given up with a warning; the summary says when every GPU was.
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import sys
 import time
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 
 from ..errors import TunerError, info, warn
 from . import claims
+from .gpus import require_gpu, visible_gpus
 from .planning import DEFAULT_TRIALS, SearchSettings, StudyPlan
 from .samplers import check_sampler
 from .storage import make_storage, plain
@@ -38,21 +38,6 @@ from .worker import (EXIT_CONTEXT_LOST, BaselineStarted, TrialEnded, TrialStarte
 __all__ = ["MAX_RESTARTS_IN_A_ROW", "prepare_studies", "run_search", "visible_gpus"]
 
 MAX_RESTARTS_IN_A_ROW = 5  # a worker slot that dies this often without finishing a trial is given up
-
-
-def visible_gpus() -> list[str]:
-    """GPU ids for the workers: CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES, else torch's count."""
-    for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
-        text = os.environ.get(var)
-        if text:
-            return [g.strip() for g in text.split(",") if g.strip()]
-    try:
-        import torch
-
-        count = torch.cuda.device_count()
-    except Exception:  # noqa: BLE001
-        count = 0
-    return [str(i) for i in range(count)]
 
 
 def prepare_studies(plans: list[StudyPlan], settings: SearchSettings) -> None:
@@ -122,8 +107,6 @@ def run_search(plans: list[StudyPlan], settings: SearchSettings,
     """Search every plan with one worker process per GPU; returns the summary."""
     import multiprocessing as mp
     from multiprocessing.connection import wait
-
-    from .stage import require_gpu
 
     check_sampler(settings.sampler)
     if not plans:
