@@ -120,7 +120,7 @@ def test_profile_with_read_curve_roundtrips_and_describes(tmp_path):
 
 
 def test_slope_is_the_least_squares_rate_over_the_big_sizes():
-    # the H200's cold read curve of 2026-12-01 (session 20, scripts/gpu/read_ceiling.py): the
+    # the H200's cold read curve of 2026-12-01 (scripts/gpu/read_ceiling.py, BENCHMARKS.md): the
     # fastest reader's µs at 8 MiB .. 2 GiB
     mib = 1 << 20
     measured = {8: 4.27, 32: 9.19, 48: 12.75, 96: 23.68, 112: 27.28, 192: 45.67, 224: 52.70,

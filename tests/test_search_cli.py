@@ -1,4 +1,4 @@
-"""`tuner search` on the command line when something is wrong (issue 11): no GPU, GPU ids the
+"""`tuner search` on the command line when something is wrong: no GPU, GPU ids the
 machine lacks, a search that produced nothing, no shape worth a search, bad storage URLs, a
 trace given instead of a shape table. Each ends with one `tuner: error:` line and exit code 2;
 never a traceback, never a silent exit 0."""

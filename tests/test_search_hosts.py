@@ -1,4 +1,4 @@
-"""Two supervisors on one PostgreSQL study set, as two hosts would run `tuner search` (issue 17).
+"""Two supervisors on one PostgreSQL study set, as two hosts would run `tuner search`.
 
 Each supervisor is its own process (its own session, as on another machine) owning half of the
 (fake) GPU ids; both run the same plans against the same PostgreSQL storage. The fake objective

@@ -1,6 +1,6 @@
 """The one study planner (tuner.search.planning), used by `tuner search` and `tuner run` alike.
 
-Issue 10, bug 1: `tuner search --graph-captured` stored the wall step as the study's `step_us`
+A fixed bug: `tuner search --graph-captured` stored the wall step as the study's `step_us`
 while `tuner run --graph-captured` stored the GPU-busy step, and rank's share-of-step gate reads
 it: the same data was judged differently after one command than after the other.
 """

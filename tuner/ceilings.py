@@ -26,7 +26,7 @@ budget's floor of a call is `latency + bytes / bandwidth` (tuner.budget.floor_us
 no measured reader beat, and no longer a floor that small shapes only seem to have headroom over.
 
 Why the slope and not one timed stream (`tuner.device.measure_read_bandwidth`, the profile's
-only bandwidth before): on the H200 (2026-12-01, session 20) that event-timed 2-4 GiB stream read
+only bandwidth before): on the H200 (2026-12-01, BENCHMARKS.md) that event-timed 2-4 GiB stream read
 3.93-4.60 TB/s in four measurements of one machine within ten minutes, while the same stream
 kernel in graph replays read 2 GiB at 4.69 TB/s and the curve's slope was 4.71 TB/s. A floor
 from the low reading is no floor: the kernels' own "% of bandwidth" went past 100%.
@@ -131,7 +131,7 @@ def slope(points: list[dict], min_bytes: int = SLOPE_MIN_BYTES) -> tuple[float, 
 def choose_bandwidth(stream_bytes_per_s: float, points: list[dict]) -> tuple[float, str]:
     """(bytes/s, where from) of `tuner device`'s read bandwidth: the read curve's `slope` where
     it is higher than the event-timed stream (`tuner.device.measure_read_bandwidth`), else the
-    stream. One rule for the profile, kernels15.sh and read_ceiling.py."""
+    stream. One rule for the profile, sweep_linears.sh and read_ceiling.py."""
     slope_bw, _ = slope(points)
     if math.isfinite(slope_bw) and slope_bw > stream_bytes_per_s:
         return slope_bw, "read curve slope"
