@@ -1,12 +1,12 @@
 """tuner report: report.html from a run directory, read back as HTML.
 
-The recorded run is the bundled example (Qwen2.5-0.5B, batch 4) as session 1 measured it on an
+The recorded run is the bundled example (Qwen2.5-0.5B, batch 4) as its first run measured it on an
 H200 (benchmarks/logs/2026-12-01/): the budget is computed here from the example trace with that
 H200's measured profile; the studies are made by the real search orchestration (worker
-processes, SQLite) with an objective that replays session 1's per-shape times (its baseline, its
+processes, SQLite) with an objective that replays that run's per-shape times (its baseline, its
 default config and its best config; other configs are slower by a deterministic amount); the
-verdict table is tuner.rank.decide over session 1's re-measured numbers (session1_run.log); the
-A/B is session 1's ab.json as written on the H200. Every report is parsed (html.parser): its
+verdict table is tuner.rank.decide over that run's re-measured numbers (session1_run.log); the
+A/B is that run's ab.json as written on the H200. Every report is parsed (html.parser): its
 headings, one embedded image per chart, its table rows, and that nothing points outside the file.
 """
 
@@ -36,7 +36,7 @@ LIVE = EXAMPLES / "qwen25_05b_b4_live.pt.trace.json.gz"
 DECODE = EXAMPLES / "qwen25_05b_b4_decode.pt.trace.json.gz"
 LOGS = ROOT / "benchmarks" / "logs" / "2026-12-01"
 H200 = LOGS / "nvidia-h200.device.json"
-SESSION1_AB = LOGS / "session1_ab_qwen05b_b4.json"
+EXAMPLE_AB = LOGS / "session1_ab_qwen05b_b4.json"
 HERE = Path(__file__).resolve().parent
 TINY = f"{HERE / 'fixtures' / 'ab' / 'tiny_lm.py'}:TinyDecode"
 SECTIONS = ["Budget", "Search plan", "Search", "Verdicts", "A/B: end to end"]
@@ -84,7 +84,7 @@ STEP_US = 2198.0  # the example's decode step, GPU busy (session1_run.log)
 
 # ------------------------------------------------------------------- the replayed objective
 class RecordedObjective:
-    """Session 1's times for this shape: its baseline, its default and its best config exactly;
+    """Recorded times for this shape: its baseline, its default and its best config exactly;
     any other config slower than the best by 6% per step away from it in the space's choices
     (plus up to 3% from a hash of the config, the same in every worker process), so a search
     closes in on the best as a real one does; a split-K config changes the summation order, so
@@ -145,7 +145,7 @@ def recorded_verdicts() -> pd.DataFrame:
 
 
 def build_recorded_run(directory: Path, trials: int = 8, sampler: str = "tpe") -> Path:
-    """The run directory of session 1 on the bundled example, from recorded numbers (module
+    """The recorded run directory of the bundled example, from recorded numbers (module
     docstring), with its report rendered by `tuner report`."""
     result = run.run(DECODE, graph_captured=True, device=str(H200), out_dir=directory, gpu=False,
                      out=lambda line: None)
@@ -160,7 +160,7 @@ def build_recorded_run(directory: Path, trials: int = 8, sampler: str = "tpe") -
     report_data.record_run(directory, storage=url, studies=[p.study_name for p in plans],
                            searched=True, options={"family": "gemv", "graph_captured": True})
     (directory / "ab" / "QwenDecode-b4").mkdir(parents=True)
-    shutil.copy(SESSION1_AB, directory / "ab" / "QwenDecode-b4" / "ab.json")
+    shutil.copy(EXAMPLE_AB, directory / "ab" / "QwenDecode-b4" / "ab.json")
     assert main(["report", str(directory)]) == 0
     return directory / "report.html"
 
@@ -249,7 +249,7 @@ def no_gpu(monkeypatch):
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> Path:
-    return build_recorded_run(tmp_path_factory.mktemp("session1") / "run")
+    return build_recorded_run(tmp_path_factory.mktemp("recorded") / "run")
 
 
 def test_cpu_run_writes_the_budget_and_plan_report(tmp_path, capsys):
@@ -286,7 +286,7 @@ def test_report_from_recorded_search_rank_and_ab(recorded):
     assert set(rows) == set(SEARCHED)
     for shape, (base, default_us, best_us, _) in SEARCHED.items():
         assert rows[shape][5:7] == [f"{base:.2f}", f"{default_us:.2f}"]
-        # the best the search found: at most the default config's (trial 0), at least session 1's
+        # the best the search found: at most the default config's (trial 0), at least the run's best
         assert best_us <= float(rows[shape][7]) <= default_us
         assert int(rows[shape][1]) >= 8
     # verdicts: one chart, one row per candidate, with the decisions and the parity facts
@@ -302,14 +302,14 @@ def test_report_from_recorded_search_rank_and_ab(recorded):
     assert all(r[7].startswith("no / yes; ") for r in verdicts)
     assert verdicts[0][7] == "no / yes; 1.77e-03 vs 1.77e-03 (1.00×)"
     # the A/B: three charts (arms, measured vs projected, outputs) and its tables
-    recorded_ab = json.loads(SESSION1_AB.read_text())
+    recorded_ab = json.loads(EXAMPLE_AB.read_text())
     assert len(page.sections["ab"]["images"]) == 3
     arms = page.rows("ab", 0)
     assert {r[0]: r[1] for r in arms} == {
         name: f"{arm['median_us']:.1f}" for name, arm in recorded_ab["arms"].items()}
     attribution = page.rows("ab", 1)
     assert [r[0] for r in attribution] == [r["shape"] for r in recorded_ab["attribution"]]
-    # session 1's A/B recorded no projection: the run's accepted verdicts stand for it, said so
+    # the recorded A/B has no projection: the run's accepted verdicts stand for it, said so
     assert any(n.startswith("projection: this A/B recorded no projection")
                for n in page.sections["ab"]["notes"])
     by_shape = {r[0]: r for r in attribution}
@@ -459,7 +459,7 @@ def test_tuner_run_on_a_gpu_records_its_storage(tmp_path, monkeypatch):
 def test_the_fallback_projection_names_attention_calls_as_the_ab_does():
     """An A/B that recorded no projection takes the run's accepted verdicts; attention verdicts
     must land on the A/B's attention row (its name has no m, n, k). Real inputs: the H200 A/B of
-    Llama-3.1-8B at batch 32 (session 18) with its projections removed, and that run's attention
+    Llama-3.1-8B at batch 32 with its projections removed, and that run's attention
     verdicts, the accepted one's cache length set to the A/B's traced call (146; the verdict's
     own trace had 162, which names another call)."""
     logs = ROOT / "benchmarks/logs/2026-12-01/session18"
