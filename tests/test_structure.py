@@ -174,3 +174,112 @@ def test_no_pipeline_module_is_over_700_lines_and_each_lists_its_public_names():
         assert text.count("\n") <= 700, f"{name}: {text.count(chr(10))} lines"
         if path.name != "__init__.py" or name.count(".") >= 1:
             assert "__all__" in text, f"{name} lists no __all__"
+
+
+# ---------------------------------------------------------------- names of the product, not of its making
+import fnmatch  # noqa: E402  (the naming rule's imports, kept with it)
+import re  # noqa: E402
+import subprocess  # noqa: E402
+
+# A working session ("session" and its number), a device call ("call" and its number, not
+# "call 4.80 us") and an issue ("issue" and its number, or "#" and a number) say when or why a
+# thing was made; the tracked files outside benchmarks/logs/ say what it is. Log files keep the
+# names they were written under, and a path to one of them is an address, so a token that names a
+# file or folder under benchmarks/logs/ passes.
+WHEN_MADE = re.compile(
+    r"\bsessions?[ _-]?\d+"
+    r"|\bcalls? \d+\b(?!\.\d)"
+    r"|\bissues?[ -]#?\d+"
+    r"|(?<![\w&#/])#\d+\b",
+    re.IGNORECASE)
+LOGS = "benchmarks/logs/"
+PATH_CHARS = re.compile(r"[\w./*-]")
+
+
+def _tracked_files() -> list[str]:
+    proc = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"not a git checkout: {proc.stderr.strip()}")
+    return [name for name in proc.stdout.split("\0") if name]
+
+
+def _names_under_logs(files: list[str]) -> set[str]:
+    """Every file and folder name under benchmarks/logs/ (the addresses a path may carry)."""
+    names = set()
+    for name in files:
+        if name.startswith(LOGS):
+            names.update(name[len(LOGS):].split("/"))
+    return names
+
+
+def _token_around(line: str, start: int, end: int) -> str:
+    while start > 0 and PATH_CHARS.match(line[start - 1]):
+        start -= 1
+    while end < len(line) and PATH_CHARS.match(line[end]):
+        end += 1
+    return line[start:end]
+
+
+def _is_log_address(token: str, log_names: set[str]) -> bool:
+    if not any(mark in token for mark in "/.*"):  # a bare word is no address
+        return False
+    for part in token.strip(".,;:").split("/"):
+        part = part.strip(".,;:")
+        if part in log_names or ("*" in part and any(fnmatch.fnmatch(n, part) for n in log_names)):
+            return True
+    return False
+
+
+def _is_colour(match: re.Match, line: str) -> bool:
+    """Three or six digits after the hash on a line that sets a color, background, fill or stroke."""
+    digits = match.group(0)[1:]
+    return len(digits) in (3, 6) and any(w in line for w in ("color", "background", "fill", "stroke"))
+
+
+def when_made_names(files: list[str]) -> list[str]:
+    """'path:line: match | line' for every name of a session, call or issue outside the logs."""
+    log_names = _names_under_logs(files)
+    found = []
+    for name in files:
+        if name.startswith(LOGS):
+            continue
+        try:
+            text = (ROOT / name).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue  # binary, or deleted in this working tree
+        for number, line in enumerate(text.splitlines(), 1):
+            for match in WHEN_MADE.finditer(line):
+                if match.group(0).startswith("#") and _is_colour(match, line):
+                    continue
+                if _is_log_address(_token_around(line, match.start(), match.end()), log_names):
+                    continue
+                found.append(f"{name}:{number}: {match.group(0)!r} | {line.strip()[:120]}")
+    return found
+
+
+def test_no_tracked_file_outside_the_logs_names_a_session_a_call_or_an_issue():
+    """README, BENCHMARKS, docs, code, tests and scripts say what a thing is, not when it was made:
+    no working session, device call or issue number outside benchmarks/logs/ (whose files are the
+    dated record). Rewrite a flagged sentence to say what the thing is or does."""
+    files = _tracked_files()
+    assert len(files) > 100, files  # the checkout itself, not an empty listing
+    found = when_made_names(files)
+    assert not found, (f"{len(found)} names of a session, call or issue outside {LOGS}:\n"
+                       + "\n".join(found))
+
+
+def test_the_naming_rule_sees_what_it_should():
+    """The pattern itself, on sentences of each kind (so a loosened regex fails here)."""
+    def flagged(line: str) -> bool:
+        return any(not (m.group(0).startswith("#") and _is_colour(m, line))
+                   for m in WHEN_MADE.finditer(line))
+    number = "1" + "7"  # spelled apart so this file names no session itself
+    for line in (f"measured in session {number}", f"see session{number}.sh", f"(call {number[1]})",
+                 f"calls {number[0]}-2", f"issue {number}", f"fixes #{number}", f"Issue-{number}"):
+        assert flagged(line), line
+    for line in ("a saving per call 4.80 us", "48 calls per step", 'color="#333"',
+                 "ProfilerStep#3", "the session's device time", "call the baseline"):
+        assert not flagged(line), line
+    assert _is_log_address("benchmarks/logs/2026-12-01/run7/ab.md", {"run7"})
+    assert _is_log_address("run7_*", {"run7_ab.md"})
+    assert not _is_log_address(f"session{number}", {f"session{number}"})
