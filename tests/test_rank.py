@@ -461,9 +461,9 @@ def _spy_compiled_baseline(monkeypatch) -> list:
     compiled_for = []
     compiled_baseline = bench.compiled_baseline
 
-    def spy(family):
+    def spy(family, *mode):
         compiled_for.append(family.name)
-        return compiled_baseline(family)
+        return compiled_baseline(family, *mode)
 
     monkeypatch.setattr(bench, "compiled_baseline", spy)
     return compiled_for

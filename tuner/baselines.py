@@ -183,8 +183,8 @@ def sdpa_forms() -> list[SDPAForm]:
 def fastest_sdpa_form(shape: dict, *, masked: bool = True, device=None, groups: int = 7,
                       replays: int = 20) -> tuple[SDPAForm, list[dict]]:
     """The fastest grouped SDPA form for an attention-family decode shape (batch, heads, kv_heads,
-    kv_len, head_dim, dtype) on this device, by the timing protocol (tuner.bench: graph replays,
-    inputs rotated past the L2): each form that runs and matches the fp32 reference within the
+    kv_len, head_dim, dtype) on this device, by the timing protocol (tuner.timing: graph
+    replays, inputs rotated past the L2): each form that runs and matches the fp32 reference within the
     family's SDPA error is timed; `masked` adds a boolean mask of the static-cache kind (the
     first three quarters of the slots valid). Returns (form, one record per form tried: form,
     median_us or the reason it was left out). Raises TunerError when no form runs."""
@@ -192,7 +192,8 @@ def fastest_sdpa_form(shape: dict, *, masked: bool = True, device=None, groups: 
 
     from kernels.attention import make_inputs, reference
 
-    from . import bench
+    from .hardware import l2_cache_bytes
+    from .timing import cold_sets, set_bytes, time_callable
 
     dev = torch.device(device or "cuda")
     shape = {k: v for k, v in shape.items() if k != "baseline_kv_heads"}
@@ -206,8 +207,7 @@ def fastest_sdpa_form(shape: dict, *, masked: bool = True, device=None, groups: 
         return inputs
 
     first = with_mask(make_inputs(shape, dev, 0))
-    per_set = sum(t.numel() * t.element_size() for t in first.values() if hasattr(t, "numel"))
-    count = max(2, min(64, math.ceil(2 * bench.l2_bytes(dev) / max(per_set, 1)) + 1))
+    count = cold_sets(set_bytes(first), l2_cache_bytes(dev))
     sets = [first] + [with_mask(make_inputs(shape, dev, i)) for i in range(1, count)]
     want = reference(first)
     records, best = [], None
@@ -222,8 +222,8 @@ def fastest_sdpa_form(shape: dict, *, masked: bool = True, device=None, groups: 
             records.append({"form": str(form), "skipped": f"max error {error:.3g} vs fp32"})
             continue
         try:
-            timing = bench.time_callable(lambda inputs, f=form: grouped_sdpa(inputs, f), sets,
-                                         groups=groups, replays=replays)
+            timing = time_callable(lambda inputs, f=form: grouped_sdpa(inputs, f), sets,
+                                   groups=groups, replays=replays)
         except Exception as exc:  # noqa: BLE001 - e.g. a backend that cannot be captured
             records.append({"form": str(form), "skipped": one_line(exc, 120)})
             continue

@@ -39,10 +39,12 @@ from .hardware import FALLBACK_L2_BYTES
 from .timing import (DEFAULT_GROUPS, DEFAULT_REPLAYS, MAX_INPUT_SETS, GraphTimer, Timing,
                      bootstrap_median_interval, cold_sets, median, set_bytes, time_callable)
 
-__all__ = ["DEFAULT_GROUPS", "DEFAULT_REPLAYS", "FALLBACK_L2_BYTES", "MAX_INPUT_SETS", "BenchRow",
-           "Paired", "Timing", "aa_noise", "backend_name", "bench_one", "compare", "format_rows",
-           "l2_bytes", "make_input_sets", "paired_from_groups", "parse_config", "parse_shape",
-           "run_command", "sweep", "time_baseline", "time_callable", "time_config"]
+__all__ = ["COMPILED_BASELINE", "DEFAULT_GROUPS", "DEFAULT_REPLAYS", "FALLBACK_L2_BYTES",
+           "MAX_AUTOTUNE_BASELINE", "MAX_INPUT_SETS", "REFERENCES", "BenchRow", "Paired", "Timing",
+           "aa_noise", "backend_name", "baseline_path", "bench_one", "compare", "compiled_baseline",
+           "format_rows", "l2_bytes", "launched_kernels", "make_input_sets", "paired_from_groups",
+           "parse_config", "parse_shape", "run_command", "strongest_attention", "sweep",
+           "time_baseline", "time_callable", "time_config"]
 
 
 @dataclass
@@ -133,76 +135,150 @@ def make_input_sets(family, shape: dict, cache: str = "cold", device=None,
 
 
 COMPILED_BASELINE = "compiled-baseline"
-_COMPILED_BASELINES: dict = {}
-_COMPILE_FAILURES: dict = {}  # family name -> why torch.compile of its baseline failed
+MAX_AUTOTUNE_BASELINE = "max-autotune-baseline"
+# a step baseline (tuner.baselines.BASELINES, `tuner rank --baseline`) -> the reference timed here
+REFERENCES = {"eager": "baseline", "compile": COMPILED_BASELINE,
+              "max-autotune": MAX_AUTOTUNE_BASELINE}
+_STEP_BASELINE = {COMPILED_BASELINE: "compile", MAX_AUTOTUNE_BASELINE: "max-autotune"}
+_PATH_NAMES = {"compile": "torch.compile", "max-autotune": "torch.compile max-autotune"}
+_COMPILED_BASELINES: dict = {}  # (family name, step baseline) -> the wrapper
+_COMPILE_FAILURES: dict = {}  # (family name, step baseline) -> why torch.compile failed
+_ATTENTION_FORMS: dict = {}  # attention shape key -> (SDPAForm, the forms tried)
 
 
-def compiled_baseline(family):
-    """The family's baseline under torch.compile (Inductor, static shapes): the serving path as a
-    compiling server runs it, where Inductor fuses the ops around the library call (the KV-cache
-    copies of a repeated-KV attention call: BENCHMARKS.md, session 18). One wrapper a family;
-    it compiles on its first call for each shape (the timer's warm-up), never inside a graph
-    capture. Dynamo compiles one function for at most `recompile_limit` shapes (8) and runs it
-    eagerly beyond: a rank over more shapes would time eager baselines unsaid, so this process
-    raises the limit (a tuner process; serving never calls this). Where torch.compile fails
-    (a compile error, a build without a working Inductor), the eager baseline is timed from then
-    on, with one warning, and `baseline_path` says so."""
-    fn = _COMPILED_BASELINES.get(family.name)
+def compiled_baseline(family, baseline: str = "compile"):
+    """The family's baseline under torch.compile (Inductor, static shapes; tuner.baselines
+    .compile_step): `baseline` 'compile' (default mode) as a compiling server runs it, where
+    Inductor fuses the ops around the library call (the KV-cache copies of a repeated-KV
+    attention call), or 'max-autotune' (without Inductor's CUDA graphs), where Inductor also
+    times its Triton matmul templates against the vendor library for each shape and keeps the
+    fastest: the kernel a user of that one flag runs. One wrapper a family and mode; it compiles
+    on its first call for each shape (the timer's warm-up), never inside a graph capture. Dynamo
+    compiles one function for at most `recompile_limit` shapes (8) and runs it eagerly beyond:
+    a rank over more shapes would time eager baselines unsaid, so this process raises the limit
+    (a tuner process; serving never calls this). Where torch.compile fails (a compile error, a
+    build without a working Inductor), the eager baseline is timed from then on, with one
+    warning, and `baseline_path` says so."""
+    key = (family.name, baseline)
+    fn = _COMPILED_BASELINES.get(key)
     if fn is None:
         import torch
         import torch._dynamo.config as dynamo_config
+
+        from .baselines import compile_step
 
         for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
                      "accumulated_cache_size_limit"):
             if isinstance(getattr(dynamo_config, name, None), int):
                 setattr(dynamo_config, name, max(getattr(dynamo_config, name), 4096))
-        compiled = torch.compile(family.baseline, dynamic=False)
+        compiled = compile_step(family.baseline, baseline)
 
         def fn(inputs):
-            if family.name not in _COMPILE_FAILURES:
+            if key not in _COMPILE_FAILURES:
                 try:
                     return compiled(inputs)
                 except Exception as exc:  # noqa: BLE001 - any compile error: time the eager path
                     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                         raise  # compiled before every capture (the timer's warm-up): a real fault
-                    _COMPILE_FAILURES[family.name] = one_line(exc)
-                    warn(f"{family.name}: torch.compile of the baseline failed "
-                         f"({_COMPILE_FAILURES[family.name]}); timing the eager baseline")
+                    _COMPILE_FAILURES[key] = one_line(exc)
+                    warn(f"{family.name}: torch.compile ({baseline}) of the baseline failed "
+                         f"({_COMPILE_FAILURES[key]}); timing the eager baseline")
             return family.baseline(inputs)
 
-        _COMPILED_BASELINES[family.name] = fn
+        _COMPILED_BASELINES[key] = fn
     return fn
 
 
+def strongest_attention(family, shape: dict, device=None):
+    """The strongest decode attention baseline for an attention shape: SDPA on the grouped cache
+    in its fastest form and backend on this device (tuner.baselines.fastest_sdpa_form; for a
+    call traced on a repeated cache too: servers run the grouped call). (form, fn(inputs))."""
+    from .baselines import fastest_sdpa_form, grouped_sdpa
+
+    key = family.shape_key(shape)
+    if key not in _ATTENTION_FORMS:
+        grouped = {k: v for k, v in shape.items() if k != "baseline_kv_heads"}
+        _ATTENTION_FORMS[key] = fastest_sdpa_form(grouped, masked=False, device=device)
+    form = _ATTENTION_FORMS[key][0]
+    return form, lambda inputs: grouped_sdpa(inputs, form)
+
+
+def _which(shape: dict, which):
+    """'baseline' of a shape that says baseline_compiled is the compiled one: what its step ran."""
+    if which == "baseline" and shape.get("baseline_compiled"):
+        return COMPILED_BASELINE
+    return which
+
+
 def baseline_path(family, shape: dict, which="baseline") -> str:
-    """How `which` ('baseline' or 'compiled-baseline') of `shape` is timed: 'eager',
-    'torch.compile', or 'eager (torch.compile failed: ...)' after a failed compile."""
-    compiled = which == COMPILED_BASELINE or (which == "baseline"
-                                              and bool(shape.get("baseline_compiled")))
-    if not compiled:
+    """How `which` (a reference: 'baseline', 'compiled-baseline', 'max-autotune-baseline') of
+    `shape` is timed: 'eager', 'torch.compile', 'torch.compile max-autotune', the grouped SDPA
+    form of the strongest attention baseline ('SDPA packed (efficient_attention)'), or
+    'eager (torch.compile failed: ...)' after a failed compile."""
+    which = _which(shape, which)
+    step = _STEP_BASELINE.get(which)
+    if step is None:
         return "eager"
-    why = _COMPILE_FAILURES.get(family.name)
-    return f"eager (torch.compile failed: {why})"[:200] if why else "torch.compile"
+    if family.name == "attention" and step == "max-autotune":
+        form = _ATTENTION_FORMS.get(family.shape_key(shape))
+        return str(form[0]) if form else "grouped SDPA (not timed yet)"
+    why = _COMPILE_FAILURES.get((family.name, step))
+    return f"eager (torch.compile failed: {why})"[:200] if why else _PATH_NAMES[step]
 
 
-def _callable_for(family, shape: dict, which, backend: str):
-    """(description, fn(inputs)) for 'baseline', 'compiled-baseline', 'default' or a config.
-    'baseline' of a shape that says baseline_compiled (a torch.compile'd step's call:
-    tuner.spaces.COMMON_MEASURE_KEYS) is the compiled one: what that step runs."""
+def _callable_for(family, shape: dict, which, backend: str, device=None):
+    """(description, fn(inputs)) for 'baseline', 'compiled-baseline', 'max-autotune-baseline',
+    'default' or a config. 'baseline' of a shape that says baseline_compiled (a torch.compile'd
+    step's call: tuner.spaces.COMMON_MEASURE_KEYS) is the compiled one: what that step runs.
+    The attention family's 'max-autotune-baseline' is its strongest baseline
+    (`strongest_attention`)."""
     if isinstance(which, str):
-        if which == "baseline" and shape.get("baseline_compiled"):
-            which = COMPILED_BASELINE
+        which = _which(shape, which)
         if which == "baseline":
             return "baseline", family.baseline
-        if which == COMPILED_BASELINE:
-            return "baseline (torch.compile)", compiled_baseline(family)
+        if which in _STEP_BASELINE:
+            step = _STEP_BASELINE[which]
+            if family.name == "attention" and step == "max-autotune":
+                form, fn = strongest_attention(family, shape, device)
+                return f"baseline ({form})", fn
+            return f"baseline ({_PATH_NAMES[step]})", compiled_baseline(family, step)
         if which == "default":
             config = family.default_config(shape, backend)
             return f"default {config}", lambda inputs: family.launch(inputs, config)
         raise TunerError(f"unknown reference {which!r}: use 'baseline', "
-                         f"'{COMPILED_BASELINE}', 'default' or a config")
+                         f"'{COMPILED_BASELINE}', '{MAX_AUTOTUNE_BASELINE}', 'default' or a "
+                         f"config")
     config = dict(which)
     return str(config), lambda inputs: family.launch(inputs, config)
+
+
+def launched_kernels(family, shape: dict, which="baseline", *, device=None,
+                     inputs: dict | None = None) -> list[str]:
+    """The GPU kernels one call of `which` launches (names, in order, each once), read from a
+    profiler trace of one call after a warm one: what the baseline a candidate beat runs (the
+    cuBLAS GEMM, Inductor's Triton template, the SDPA kernel). [] off the GPU."""
+    import torch
+
+    if not torch.cuda.is_available() or (device is not None
+                                         and torch.device(device).type != "cuda"):
+        return []
+    dev = _device(device)
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with _on(dev):
+        args = inputs if inputs is not None else family.make_inputs(shape, dev, 0)
+        _, fn = _callable_for(family, shape, which, backend_name(dev), dev)
+        fn(args)
+        torch.cuda.synchronize(dev)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn(args)
+            torch.cuda.synchronize(dev)
+    names: list[str] = []
+    for event in prof.events():
+        if getattr(event, "device_type", None) == DeviceType.CUDA and event.name not in names:
+            names.append(event.name)
+    return names
 
 
 # ------------------------------------------------------------------------------------ public API
@@ -213,7 +289,7 @@ def time_config(family, shape: dict, config, *, cache: str = "cold", device=None
     dev = _device(device)
     with _on(dev):
         sets = input_sets if input_sets is not None else make_input_sets(family, shape, cache, dev)
-        _, fn = _callable_for(family, shape, config, backend_name(dev))
+        _, fn = _callable_for(family, shape, config, backend_name(dev), dev)
         return time_callable(fn, sets, cache=cache, groups=groups, replays=replays,
                              **timer_options)
 
@@ -246,8 +322,8 @@ def compare(family, shape: dict, candidate, reference="baseline", *, cache: str 
     with _on(dev):
         backend = backend_name(dev)
         sets = input_sets if input_sets is not None else make_input_sets(family, shape, cache, dev)
-        ref_name, ref_fn = _callable_for(family, shape, reference, backend)
-        _, cand_fn = _callable_for(family, shape, candidate, backend)
+        ref_name, ref_fn = _callable_for(family, shape, reference, backend, dev)
+        _, cand_fn = _callable_for(family, shape, candidate, backend, dev)
         try:
             ref_timer = GraphTimer(ref_fn, sets, **timer_options)
         except CandidateFailure as exc:

@@ -49,6 +49,7 @@ MEASURED_FIELDS = ("baseline_us", "candidate_us", "default_us", "speedup", "spee
                    "calls_per_step", "hit_rate", "saving_us_per_token", "share_of_step",
                    "step_us", "parity_mode", "parity_error", "search_us", "measured_at", "study",
                    "baseline_path",  # how the baseline was timed (tuner rank; absent: eager)
+                   "baseline_kernel",  # the kernels that baseline ran (tuner rank, on the GPU)
                    # the three parity facts of the entry (tuner.parity), whatever gate passed it
                    "parity_margin", "bitwise_vs_baseline", "bitwise_vs_default", "parity_class",
                    "default_class", "error_vs_reference", "baseline_error_vs_reference",

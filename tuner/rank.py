@@ -58,12 +58,16 @@ PARITY_COLUMNS = ["parity_margin", "bitwise_vs_baseline", "bitwise_vs_default", 
                   "default_class", "error_vs_reference", "baseline_error_vs_reference",
                   "error_ratio", "parity_seeds"]
 # How the baseline was timed (tuner.bench.baseline_path): 'eager', 'torch.compile' (rank
-# --compiled-baseline, or a compiled step's study) or 'eager (torch.compile failed: ...)';
-# tables written before it have no such column and were eager.
+# --baseline compile, or a compiled step's study), 'torch.compile max-autotune' (rank --baseline
+# max-autotune; for attention the grouped SDPA form, e.g. 'SDPA packed (efficient_attention)')
+# or 'eager (torch.compile failed: ...)'; tables written before it have no such column and were
+# eager. BASELINE_KERNEL: the GPU kernels that baseline launched for the shape (the one a
+# candidate beat: cuBLAS's GEMM, Inductor's Triton template, the SDPA kernel).
 BASELINE_PATH = "baseline_path"
+BASELINE_KERNEL = "baseline_kernel"
 MEASURED_COLUMNS = [
     "default_us", "speedup_vs_default", "noise_pct", "search_us", "trial", "step_us", "phase",
-    "study", "shape_json", "device", BASELINE_PATH,
+    "study", "shape_json", "device", BASELINE_PATH, BASELINE_KERNEL,
 ]
 # Where and with what the numbers were measured (export copies these into its files).
 IDENTITY_COLUMNS = [
@@ -124,6 +128,7 @@ class Measured:
     vs_default: Pair | None = None
     failure: str = ""
     baseline_path: str = "eager"  # how the baseline was timed (tuner.bench.baseline_path)
+    baseline_kernel: str = ""  # the kernels it launched (tuner.bench.launched_kernels)
 
 
 MeasureFn = Callable[[StudyInfo, Candidate, str], Measured]
@@ -171,6 +176,7 @@ def decide_one(study: StudyInfo, cand: Candidate, meas: Measured, *, min_speedup
         "parity_margin": float(margin),
         **_fact_columns(meas.parity),
         BASELINE_PATH: meas.baseline_path,
+        BASELINE_KERNEL: meas.baseline_kernel,
     }
     if meas.vs_baseline is not None:
         b = meas.vs_baseline
@@ -454,10 +460,13 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
     """The parity facts, then paired timing against the baseline and the default config (GPU).
     A candidate failing `gate` (on the default margin) is not timed; `decide` judges the facts.
 
-    `baseline`: how the baseline is timed, 'baseline' (eager) or 'compiled-baseline' (under
-    torch.compile, as a compiling server runs it; parity still compares with the eager path);
-    a study whose shape says baseline_compiled (harvested from a torch.compile'd step) is timed
-    compiled either way (tuner.bench resolves 'baseline' so, for the search too).
+    `baseline`: how the baseline is timed, a tuner.bench reference: 'baseline' (eager),
+    'compiled-baseline' (under torch.compile, as a compiling server runs it) or
+    'max-autotune-baseline' (torch.compile max-autotune: the kernel Inductor picks for that exact
+    shape; for attention the fastest grouped SDPA); parity still compares with the eager path.
+    A study whose shape says baseline_compiled (harvested from a torch.compile'd step) is timed
+    compiled at least (tuner.bench resolves 'baseline' so, for the search too). The baseline's
+    kernels (`Measured.baseline_kernel`) are read from one profiled call on the GPU.
     `device`, `cache` and `compare_options` (groups, replays, ...) go to tuner.bench.compare;
     device='cpu' only under TRITON_INTERPRET=1 (tests: the numbers mean nothing)."""
     from kernels import get_family
@@ -480,6 +489,8 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
             if name == baseline:
                 meas.vs_baseline = pair
                 meas.baseline_path = bench.baseline_path(family, study.shape, baseline)
+                meas.baseline_kernel = _kernel_text(bench.launched_kernels(
+                    family, study.shape, baseline, device=device))
             else:
                 meas.vs_default = pair
     except CandidateFailure as exc:
@@ -489,6 +500,12 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
     except Exception as exc:  # a candidate crash is data, not the end of the ranking
         meas.failure = one_line(exc)
     return meas
+
+
+def _kernel_text(names: list[str], limit: int = 160) -> str:
+    """Kernel names as one short cell: 'a + b', cut at `limit` characters."""
+    text = " + ".join(names)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def make_measure(*, device=None, cache: str = "cold", baseline: str = "baseline",
@@ -535,13 +552,14 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
          min_speedup: float = DEFAULT_MIN_SPEEDUP, threshold: Threshold | str | None = None,
          measure: MeasureFn | None = None, identity: Callable[[str], dict] | None = None,
          progress: bool = True, names: list[str] | None = None,
-         compiled_baseline: bool = False) -> pd.DataFrame:
+         compiled_baseline: bool = False, baseline: str = "") -> pd.DataFrame:
     """Load studies, re-measure their best distinct configs, decide. Returns the verdict table.
     `parity_mode`: the gate (baseline, kernel, accuracy; exact / tolerance are deprecated names).
-    `compiled_baseline`: time the baseline under torch.compile (`measure_on_gpu`), for a serving
-    step that is compiled (studies of a compiled step's trace are timed so anyway: their shape
-    says baseline_compiled); each row's `baseline_path` says how its baseline was timed
-    (`Measured.baseline_path`). A custom `measure` times it its own way (make_measure's
+    `baseline`: the step baseline the candidates must beat (tuner.baselines.BASELINES: 'eager',
+    'compile', 'max-autotune'; `measure_on_gpu`); `compiled_baseline` is the older name of
+    'compile'. Studies of a compiled step's trace are timed compiled at least (their shape says
+    baseline_compiled); each row's `baseline_path` says how its baseline was timed and
+    `baseline_kernel` what it ran. A custom `measure` times it its own way (make_measure's
     `baseline`)."""
     gate = resolve_gate(parity_mode, quiet=True)
     if not (margin >= 1.0):
@@ -550,10 +568,14 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
         raise TunerError(f"--min-speedup must be positive, not {min_speedup}")
     threshold = parse_threshold(threshold)
     studies = load_studies(storage, family=family, device=device, top=top, names=names)
+    from .baselines import check_baseline
+
+    step = check_baseline(baseline or ("compile" if compiled_baseline else "eager"))
     if measure is None:
+        from .bench import REFERENCES
+
         _require_gpu()
-        measure = (make_measure(baseline="compiled-baseline") if compiled_baseline
-                   else measure_on_gpu)
+        measure = make_measure(baseline=REFERENCES[step])
     identity = identity or identity_columns
     measured = []
     for i, study in enumerate(studies, 1):
@@ -622,23 +644,31 @@ def _f(x: float, fmt: str) -> str:
 def markdown(table: pd.DataFrame) -> str:
     """The verdict table as markdown: the DESIGN.md columns, ranked."""
     lines = [
-        "| # | shape | family | config | baseline µs | candidate µs | speedup [low, high] | "
-        "parity | saving µs/call | calls/step | hit rate | saving µs/token | share of step | "
-        "decision | reason |",
-        "|---|---|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|---|",
+        "| # | shape | family | config | baseline (kernel) | baseline µs | candidate µs | "
+        "speedup [low, high] | parity | saving µs/call | calls/step | hit rate | saving µs/token | "
+        "share of step | decision | reason |",
+        "|---|---|---|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in table.itertuples(index=False):
         speed = ("" if math.isnan(r.speedup) else
                  f"{r.speedup:.3f}x [{r.speedup_low:.3f}, {r.speedup_high:.3f}]")
         lines.append(
             f"| {r.rank or ''} | {r.shape} | {r.family} | {f'`{r.config}`' if r.config else ''} | "
-            f"{_f(r.baseline_us, '.2f')} | "
+            f"{_baseline_cell(r)} | {_f(r.baseline_us, '.2f')} | "
             f"{_f(r.candidate_us, '.2f')} | {speed} | {r.parity} | "
             f"{_f(r.saving_us_per_call, '.2f')} | {_f(r.calls_per_step, '.1f')} | "
             f"{_f(r.hit_rate, '.2f')} | {_f(r.saving_us_per_token, '.2f')} | "
             f"{_pct(r.share_of_step) if not math.isnan(r.share_of_step) else ''} | "
             f"{r.decision} | {r.reason} |")
     return "\n".join(lines) + "\n"
+
+
+def _baseline_cell(row) -> str:
+    """'torch.compile max-autotune: `triton_tem_fused_mm_0`' (tables before these columns:
+    'eager')."""
+    path = getattr(row, BASELINE_PATH, None) or "eager"
+    kernel = getattr(row, BASELINE_KERNEL, None)
+    return f"{path}: `{kernel}`" if isinstance(kernel, str) and kernel else str(path)
 
 
 def summary_lines(table: pd.DataFrame, limit: int = 20) -> list[str]:
@@ -656,7 +686,7 @@ def summary_lines(table: pd.DataFrame, limit: int = 20) -> list[str]:
                 out.append(f"  #{r.rank} {r.family} {r.shape}: BITWISE EQUAL TO THE SERVING PATH "
                            f"(the model computes exactly what it computed before)")
             out.append(f"  #{r.rank} {r.family} {r.shape}: {r.speedup:.3f}x "
-                       f"[{r.speedup_low:.3f}, {r.speedup_high:.3f}], "
+                       f"[{r.speedup_low:.3f}, {r.speedup_high:.3f}] over {_baseline_cell(r)}, "
                        f"{r.baseline_us:.2f} -> {r.candidate_us:.2f} us x "
                        f"{r.calls_per_step:g}/step = {r.saving_us_per_token:.2f} us/token "
                        f"({_pct(r.share_of_step)} of the step); parity {r.parity}")

@@ -180,13 +180,17 @@ def run(trace: str | Path, **options) -> RunResult:
     gpu = have_gpu() if options.get("gpu") is None else options["gpu"]
     write_run_report(result, options, gpu=gpu, out=options.get("out", print))
     if ab_target:
-        result.ab_exit = run_ab(result, ab_target, ab_batch, gpu=gpu, out=options.get("out", print))
+        step = options.get("baseline") or ("compile" if options.get("compiled_baseline") else "")
+        result.ab_exit = run_ab(result, ab_target, ab_batch, gpu=gpu, out=options.get("out", print),
+                                baseline=step)
     return result
 
 
-def run_ab(result: RunResult, target: str, batch: int, *, gpu: bool, out=print) -> int:
+def run_ab(result: RunResult, target: str, batch: int, *, gpu: bool, out=print,
+           baseline: str = "") -> int:
     """`tuner run --ab MODULE:CALLABLE`: the model's decode step both ways with this run's export
-    (tuner.ab); without a GPU, or with nothing exported, say what it would run."""
+    (tuner.ab), against `baseline` (the one rank measured against; default the strongest the
+    machine runs); without a GPU, or with nothing exported, say what it would run."""
     from . import ab
     from .runtime import current_identity
 
@@ -205,7 +209,8 @@ def run_ab(result: RunResult, target: str, batch: int, *, gpu: bool, out=print) 
     export_dir = manifest.parent if manifest is not None else result.exported[0].parent
     settings = ab.ABSettings(export_dir=str(export_dir))
     return ab.run(spec, batches=[int(batch)], settings=settings,
-                  out_root=result.out_dir / "ab", out=out)
+                  baselines=[baseline] if baseline else None, out_root=result.out_dir / "ab",
+                  out=out)
 
 
 def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float = "30m",
@@ -215,11 +220,12 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
                parity_margin: float = 1.25,
                graph_captured: bool = False, gpu: bool | None = None, out=print,
                trials: int | None = None, objective=None, measure=None,
-               kv_heads: int | None = None, compiled_baseline: bool = False) -> RunResult:
+               kv_heads: int | None = None, compiled_baseline: bool = False,
+               baseline: str = "") -> RunResult:
     """The main job. `gpu=None` detects; False forces the CPU path (harvest, budget, plan);
     `kv_heads`: the model's KV heads for harvest (`tuner harvest --kv-heads`);
-    `compiled_baseline`: rank times the baseline under torch.compile (`tuner rank
-    --compiled-baseline`).
+    `baseline`: what rank measures the candidates against (`tuner rank --baseline`: eager,
+    compile, max-autotune; `compiled_baseline` is the older name of 'compile').
 
     `objective` (a tuner.search objective factory) and `measure` (a tuner.rank measure function)
     replace the GPU timing, for tests of the whole pipeline on a CPU."""
@@ -292,7 +298,7 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
                              parity_mode=parity, margin=parity_margin, min_speedup=min_speedup,
                              threshold=min_saving, measure=measure,
                              names=[p.study_name for p in plans],
-                             compiled_baseline=compiled_baseline)
+                             compiled_baseline=compiled_baseline, baseline=baseline)
     result.verdicts = verdicts
     result.verdicts_path, md = rank_mod.write(verdicts, out_dir, "verdicts")
     for line in rank_mod.summary_lines(verdicts):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_STORAGE_TEXT", "compiled_baseline_flag", "device_flag", "family_flag",
+__all__ = ["DEFAULT_STORAGE_TEXT", "baseline_flag", "device_flag", "family_flag", "step_baseline_of",
            "kv_heads_flag", "min_saving_flag", "parity_flags", "storage_flag", "timeout_flag"]
 
 
@@ -35,11 +35,26 @@ def kv_heads_flag(p) -> None:
                    "tuner.serving runs on the cache itself, so a search can tune head stacking")
 
 
-def compiled_baseline_flag(p) -> None:
+def baseline_flag(p) -> None:
+    p.add_argument("--baseline", choices=("eager", "compile", "max-autotune"), default=None,
+                   help="what rank times each candidate against: eager (torch as written; the "
+                   "default), compile (torch.compile, as vLLM, SGLang or a compiled transformers "
+                   "model runs the path it replaces) or max-autotune (torch.compile "
+                   "mode=max-autotune: the kernel Inductor's autotuning picks for that exact "
+                   "shape, Triton template or cuBLAS; for attention the fastest SDPA on the "
+                   "grouped cache). The verdict names the baseline kernel. Parity still compares "
+                   "with the eager path's output")
     p.add_argument("--compiled-baseline", action="store_true",
-                   help="rank times the baseline under torch.compile, as a compiling server "
-                   "(vLLM, SGLang, transformers with torch.compile) runs the path it replaces; "
-                   "default: eager. Parity still compares with the eager path's output")
+                   help="the same as --baseline compile (kept for older scripts)")
+
+
+def step_baseline_of(args) -> str:
+    """The rank baseline the flags name ('' = eager); --compiled-baseline is --baseline compile."""
+    from ..errors import TunerError
+
+    if args.compiled_baseline and args.baseline not in (None, "compile"):
+        raise TunerError("--compiled-baseline is --baseline compile: give one of the two")
+    return args.baseline or ("compile" if args.compiled_baseline else "")
 
 
 def min_saving_flag(p, what: str) -> None:

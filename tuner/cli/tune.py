@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ..errors import TunerError
 from ..units import parse_duration, parse_threshold
-from .flags import (compiled_baseline_flag, device_flag, family_flag, kv_heads_flag,
-                    min_saving_flag, parity_flags, storage_flag, timeout_flag)
+from .flags import (baseline_flag, device_flag, family_flag, kv_heads_flag, min_saving_flag,
+                    parity_flags, step_baseline_of, storage_flag, timeout_flag)
 
 __all__ = ["_add_search", "cmd_search", "_add_rank", "cmd_rank", "_add_export", "cmd_export",
            "_add_run", "cmd_run"]
@@ -98,7 +98,7 @@ def _add_rank(sub) -> None:
                    help="the lower confidence bound of the paired speedup must reach this "
                    "(default 1.01)")
     min_saving_flag(p, "least measured saving per token to accept")
-    compiled_baseline_flag(p)
+    baseline_flag(p)
     p.add_argument("-o", "--output", metavar="DIR", default="artifacts/verdicts",
                    help="where to write <name>.parquet and <name>.md (default artifacts/verdicts)")
     p.add_argument("--name", help="file name stem (default <device>-<family or all>)")
@@ -120,6 +120,7 @@ def cmd_rank(args) -> int:
                                   or args.name in (".", "..")):
         raise TunerError(f"--name {args.name!r}: give a file name stem, not a path")
     check_output_dir(args.output, "-o")  # before any measurement
+    step = step_baseline_of(args)
     if args.device:
         from ..device import choose_profile
 
@@ -130,13 +131,13 @@ def cmd_rank(args) -> int:
     table = rank.rank(args.storage, family=args.family, device=device, top=args.top,
                       parity_mode=resolve_gate(args.parity), margin=args.parity_margin,
                       min_speedup=args.min_speedup,
-                      threshold=args.min_saving, compiled_baseline=args.compiled_baseline)
+                      threshold=args.min_saving, baseline=step)
     name = args.name or f"{device or 'all'}-{args.family or 'all'}"
     parquet, md = rank.write(table, args.output, name)
     for line in rank.summary_lines(table):
         print(line)
-    if args.compiled_baseline:
-        print("baseline timed under torch.compile (--compiled-baseline)")
+    if step:
+        print(f"baseline: {step} (--baseline {step})")
     print(f"verdicts: {parquet} and {md}")
     return 0
 
@@ -205,7 +206,7 @@ def _add_run(sub) -> None:
     p.add_argument("--ab-batch", type=int, default=1, metavar="B",
                    help="the batch size of the A/B (default 1; the trace's batch is the one to use)")
     kv_heads_flag(p)
-    compiled_baseline_flag(p)
+    baseline_flag(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -219,5 +220,5 @@ def cmd_run(args) -> int:
                      parity_margin=args.parity_margin,
                      min_speedup=args.min_speedup, graph_captured=args.graph_captured,
                      trials=args.trials, ab=args.ab, ab_batch=args.ab_batch,
-                     kv_heads=args.kv_heads, compiled_baseline=args.compiled_baseline)
+                     kv_heads=args.kv_heads, baseline=step_baseline_of(args))
     return result.ab_exit or 0

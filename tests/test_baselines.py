@@ -1,6 +1,6 @@
-"""The strongest baselines in `tuner ab`: the step baselines (eager, compile, max-autotune), the
-grouped-cache SDPA that replaces transformers' repeat_kv path in the baseline arms, and that copy
-timed as context, never as a tuner saving."""
+"""The strongest baselines (tuner.baselines) in `tuner ab` and `tuner rank`: the step baselines
+(eager, compile, max-autotune), the grouped-cache SDPA that replaces transformers' repeat_kv path
+in the baseline arms, and that copy timed as context, never as a tuner saving."""
 
 from __future__ import annotations
 
@@ -221,3 +221,105 @@ def test_the_max_autotune_arm_captures_and_replays_in_one_graph(llama_config, tm
     forced = data["outputs"]["teacher_forced"]
     assert forced["aa"] == forced["baseline"]
     assert data["attention_baseline"]["form"]
+
+
+# ------------------------------------------------------------------ rank --baseline max-autotune
+def test_rank_baseline_names_reach_the_gpu_measurement(tmp_path, monkeypatch):
+    """`tuner rank --baseline X` (rank(baseline=X), no custom measure) times every study's pair
+    against that reference of tuner.bench."""
+    from test_rank import cfg, make_study
+    from tuner import rank
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    make_study(url, "m=4,n=896,k=896,dtype=bfloat16", 48.0, [(cfg(2), 3.9, "exact", "ok")])
+    asked = []
+
+    def measure_on_gpu(study, cand, gate, *, baseline="baseline", **options):
+        asked.append(baseline)
+        return rank.Measured(config=cand.config, parity=None)
+
+    monkeypatch.setattr(rank, "_require_gpu", lambda: None)
+    monkeypatch.setattr(rank, "measure_on_gpu", measure_on_gpu)
+    ident = lambda family: {}  # noqa: E731
+    for name in ("max-autotune", "compile", "eager"):
+        rank.rank(url, family="gemv", progress=False, identity=ident, baseline=name)
+    assert asked == ["max-autotune-baseline", "compiled-baseline", "baseline"]
+    with pytest.raises(TunerError, match="unknown baseline"):
+        rank.rank(url, family="gemv", progress=False, identity=ident, baseline="fastest")
+
+
+def test_the_max_autotune_reference_compiles_in_that_mode(monkeypatch):
+    from kernels import get_family
+    from tuner import bench
+
+    monkeypatch.setattr(bench, "_COMPILED_BASELINES", {})
+    seen = []
+
+    def fake_compile(fn, **kwargs):
+        seen.append(kwargs.get("mode"))
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    family = get_family("gemv")
+    shape = {"m": 1, "n": 16, "k": 32, "dtype": "bfloat16"}
+    name, fn = bench._callable_for(family, shape, bench.MAX_AUTOTUNE_BASELINE, "cuda")
+    assert seen == ["max-autotune-no-cudagraphs"] and "max-autotune" in name
+    assert bench._callable_for(family, shape, bench.COMPILED_BASELINE, "cuda")[1] is not fn
+    assert seen == ["max-autotune-no-cudagraphs", "default"]  # one wrapper a family and mode
+    assert bench.baseline_path(family, shape, bench.MAX_AUTOTUNE_BASELINE) == \
+        "torch.compile max-autotune"
+    inputs = family.make_inputs(shape, "cpu", 0)
+    assert torch.equal(fn(inputs), family.baseline(inputs))
+
+
+def test_the_strongest_attention_baseline_is_grouped_sdpa_in_its_fastest_form(monkeypatch):
+    """rank --baseline max-autotune for attention: SDPA on the grouped cache in the form
+    fastest_sdpa_form picks (timed once a shape), also for a call traced on a repeated cache."""
+    from kernels import get_family
+    from tuner import bench
+
+    monkeypatch.setattr(bench, "_ATTENTION_FORMS", {})
+    picked = []
+
+    def fastest(shape, **options):
+        picked.append(shape)
+        return baselines.SDPAForm("gqa", "MATH"), []
+
+    monkeypatch.setattr(baselines, "fastest_sdpa_form", fastest)
+    family = get_family("attention")
+    shape = {"batch": 2, "heads": 8, "kv_heads": 2, "kv_len": 24, "head_dim": 16,
+             "dtype": "bfloat16", "baseline_kv_heads": 8}
+    name, fn = bench._callable_for(family, shape, bench.MAX_AUTOTUNE_BASELINE, "cuda")
+    bench._callable_for(family, shape, bench.MAX_AUTOTUNE_BASELINE, "cuda")
+    assert len(picked) == 1 and "baseline_kv_heads" not in picked[0]
+    assert name == "baseline (SDPA gqa (math))"
+    inputs = family.make_inputs(shape, "cpu", 0)
+    assert float((fn(inputs).float() - reference(inputs)).abs().max()) < 2e-2
+    assert bench.baseline_path(family, shape, bench.MAX_AUTOTUNE_BASELINE) == "SDPA gqa (math)"
+
+
+def test_the_verdict_table_names_the_baseline_kernel_it_beat():
+    import pandas as pd
+
+    from tuner import rank
+
+    row = {c: None for c in ("rank", "shape", "family", "config", "parity", "decision", "reason")}
+    row.update(rank=1, shape="m=1,n=8,k=8", family="gemv", config="{}", parity="accuracy ok",
+               decision="accept", reason="", baseline_us=5.0, candidate_us=4.0, speedup=1.25,
+               speedup_low=1.2, speedup_high=1.3, saving_us_per_call=1.0, calls_per_step=2.0,
+               hit_rate=1.0, saving_us_per_token=2.0, share_of_step=0.01,
+               baseline_path="torch.compile max-autotune",
+               baseline_kernel="triton_tem_fused_mm_0")
+    text = rank.markdown(pd.DataFrame([row]))
+    assert "torch.compile max-autotune: `triton_tem_fused_mm_0`" in text
+    old = {k: v for k, v in row.items() if k not in ("baseline_path", "baseline_kernel")}
+    assert "| eager |" in rank.markdown(pd.DataFrame([old]))  # tables from before the columns
+
+
+def test_rank_baseline_flags_are_one_line(capsys):
+    assert main(["rank", "--baseline", "max-autotune", "--compiled-baseline",
+                 "--device", "h200"]) == 2
+    assert "--compiled-baseline is --baseline compile" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["rank", "--baseline", "fastest"])
+    assert exit_.value.code == 2 and "invalid choice" in capsys.readouterr().err
