@@ -110,6 +110,151 @@ def test_no_import_cycle_between_bench_and_parity():
                    top_level_imports(ROOT / "tuner" / "parity.py"))
 
 
+# ------------------------------------------------------------------------- the import graph
+def imports_of(name: str, path: Path, known: set[str]) -> dict[str, int]:
+    """{module of the packages: the first line importing it} for every import statement anywhere
+    in module `name`'s file (module level, inside functions and methods, under `if
+    TYPE_CHECKING:` or `try:`), resolved to the module it names: `from . import x` is
+    `package.x` when that is a module, else the package's `__init__`; `from a.b import c` is
+    `a.b` (or `a.b.c`, a module); `import a.b` is `a.b`. The parent packages Python initialises
+    first (`tuner/__init__`, `tuner/search/__init__`) are not edges of their own: a package that
+    re-exports its submodules would otherwise close a circle with each of them, and naming a
+    package's `__init__` explicitly (`from tuner import search`) does count."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: dict[str, int] = {}
+
+    def add(target: str, line: int) -> None:
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found[target] = min(line, found.get(target, line))
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([node.module] if node.module else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                add(full if full in known else base, node.lineno)
+    return found
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """{module: {module it imports: line}} over every module of tuner/ and kernels/."""
+    known = modules()
+    return {name: imports_of(name, path, set(known)) for name, path in known.items()}
+
+
+def import_circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One shortest circle [a, b, ..., a] through each strongly connected group of modules
+    (Tarjan's algorithm, then a breadth-first walk from the group's first module back to it)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = {stack.pop()}
+            while v not in group:
+                group.add(stack.pop())
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    circles = []
+    for group in groups:
+        start = min(group)
+        parent: dict[str, str] = {}  # w: the module v of the edge v -> w that reached it first
+        frontier = [start]
+        while start not in parent:
+            reached = []
+            for v in frontier:
+                for w in sorted(graph[v]):
+                    if w in group and w not in parent:
+                        parent[w] = v
+                        reached.append(w)
+            frontier = reached
+        back = [start, parent[start]]
+        while back[-1] != start:
+            back.append(parent[back[-1]])
+        circles.append(back[::-1])
+    return sorted(circles)
+
+
+def test_no_import_circle_among_the_modules_of_tuner_and_kernels():
+    """No module of tuner/ or kernels/ reaches itself through its imports: the graph is computed
+    from the source (every `import` and `from ... import` statement, `imports_of`), not from a
+    list kept by hand, and a circle is named with the line of each import in it.
+
+    Counted: imports at module level AND inside functions, methods and `if TYPE_CHECKING:`. A
+    function-level import still makes the module need the other one, so a circle through it
+    still ties the two: neither can be read, tested or changed alone, and the circle only waits
+    for the first call (a half-initialised module, an import error in the middle of a run).
+    Moving an import into a function hides a circle; it does not remove it.
+    Not counted: `importlib.import_module` / `__import__` of a computed name (the kernel
+    registry loading `kernels.<family>`; tuner.search.stage.check_gpu_stack): a name built at
+    run time is data, not a dependency the source states."""
+    graph = import_graph()
+    circles = import_circles(graph)
+    named = [f"\n  {c[0]} " + ", which ".join(f"imports {b} (line {graph[a][b]})"
+                                            for a, b in zip(c, c[1:])) for c in circles]
+    assert not circles, "import circles:" + "".join(named)
+
+
+def test_the_circle_finder_names_a_circle_through_a_function_level_import():
+    graph = {"a": {"b": 3}, "b": {"c": 9}, "c": {"a": 40}, "d": {"a": 1}}
+    assert import_circles(graph) == [["a", "b", "c", "a"]]
+    assert import_circles({"a": {"b": 1}, "b": {}}) == []
+    source = ROOT / "tuner" / "search" / "stage.py"
+    found = imports_of("tuner.search.stage", source, set(modules()))
+    assert {"tuner.search.supervisor", "tuner.device", "tuner.shapetable"} <= set(found)
+
+
+# The measuring core, floor by floor from the ground (docs/interfaces.md "The measuring core,
+# floor by floor"). A module may import the floors below its own; the ground floor imports
+# nothing of the project outside itself (its modules import one another: errors <- units,
+# errors <- hardware <- timing).
+CORE_FLOORS = (
+    ("tuner.errors", "tuner.units", "tuner.hardware", "tuner.timing"),  # ground: what this is
+    ("tuner.readers",),  # the read-only kernels
+    ("tuner.ceilings",),  # the read curve
+    ("tuner.device",),  # the device profile and its measurement
+    ("tuner.parity",),  # what a candidate computes the same as
+    ("tuner.bench",),  # the timing protocol: input sets, pairing, sweeps, `tuner bench`
+)
+
+
+def test_the_measuring_core_imports_only_down_its_floors():
+    graph = import_graph()
+    floor_of = {name: i for i, floor in enumerate(CORE_FLOORS) for name in floor}
+    assert set(floor_of) <= set(graph), set(floor_of) - set(graph)
+    wrong = []
+    for name, floor in floor_of.items():
+        for target, line in graph[name].items():
+            if floor == 0 and floor_of.get(target) != 0:
+                wrong.append(f"{name} (ground floor) imports {target} (line {line})")
+            elif floor and floor_of.get(target, -1) >= floor:
+                wrong.append(f"{name} (floor {floor}) imports {target} (floor "
+                             f"{floor_of[target]}, line {line})")
+    assert not wrong, "\n".join(wrong)
+
+
 @pytest.mark.parametrize("name", [
     "parse_duration", "parse_threshold", "Threshold", "parse_share", "parse_positive",
     "choose_profile", "spec_key_for", "time_events", "GraphTimer", "median", "compile_call",

@@ -3,8 +3,9 @@
 `search(...)` refuses what cannot work before any work: no GPU (before asking for a device
 profile), GPU ids this machine does not have (both: tuner.search.gpus), an unusable storage. It
 budgets the table (the one planner, tuner.search.planning), prints each skipped shape with its
-reason and each planned study, and runs the supervisor's `run_search`. When no shape survives, the error names --min-saving and, for a
-launch-bound trace budgeted against the wall step, --graph-captured.
+reason and each planned study, and runs the supervisor's `run_search`. When no shape survives,
+the error names --min-saving and, for a launch-bound trace budgeted against the wall step,
+--graph-captured.
 """
 
 from __future__ import annotations
