@@ -57,12 +57,9 @@ VERDICT_COLUMNS = [
 PARITY_COLUMNS = ["parity_margin", "bitwise_vs_baseline", "bitwise_vs_default", "parity_class",
                   "default_class", "error_vs_reference", "baseline_error_vs_reference",
                   "error_ratio", "parity_seeds"]
-# How the baseline was timed (tuner.bench.baseline_path): 'eager', 'torch.compile' (rank
-# --baseline compile, or a compiled step's study), 'torch.compile max-autotune' (rank --baseline
-# max-autotune; for attention the grouped SDPA form, e.g. 'SDPA packed (efficient_attention)')
-# or 'eager (torch.compile failed: ...)'; tables written before it have no such column and were
-# eager. BASELINE_KERNEL: the GPU kernels that baseline launched for the shape (the one a
-# candidate beat: cuBLAS's GEMM, Inductor's Triton template, the SDPA kernel).
+# How the baseline was timed (tuner.bench.baseline_path: 'eager', 'torch.compile', 'torch.compile
+# max-autotune', a grouped SDPA form for attention, 'eager (torch.compile failed: ...)'; tables
+# without the column were eager) and the GPU kernels it launched (the one a candidate beat).
 BASELINE_PATH = "baseline_path"
 BASELINE_KERNEL = "baseline_kernel"
 MEASURED_COLUMNS = [
@@ -489,8 +486,8 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
             if name == baseline:
                 meas.vs_baseline = pair
                 meas.baseline_path = bench.baseline_path(family, study.shape, baseline)
-                meas.baseline_kernel = _kernel_text(bench.launched_kernels(
-                    family, study.shape, baseline, device=device))
+                meas.baseline_kernel = " + ".join(bench.launched_kernels(
+                    family, study.shape, baseline, device=device))[:160]
             else:
                 meas.vs_default = pair
     except CandidateFailure as exc:
@@ -500,12 +497,6 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
     except Exception as exc:  # a candidate crash is data, not the end of the ranking
         meas.failure = one_line(exc)
     return meas
-
-
-def _kernel_text(names: list[str], limit: int = 160) -> str:
-    """Kernel names as one short cell: 'a + b', cut at `limit` characters."""
-    text = " + ".join(names)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def make_measure(*, device=None, cache: str = "cold", baseline: str = "baseline",
