@@ -216,7 +216,8 @@ def test_the_max_autotune_arm_captures_and_replays_in_one_graph(llama_config, tm
     stages = []
     data = measure(("hf", str(llama_config)), settings, stages.append)
     assert any("max-autotune, torch.compile inductor" in s for s in stages)
-    assert set(data["group_us"]) == {"baseline", "tuned", "aa", "repeat_kv"}
+    # the repeat_kv context arm runs beside the eager baseline only (one more compile here)
+    assert set(data["group_us"]) == {"baseline", "tuned", "aa"}
     assert all(math.isfinite(g) and g > 0 for groups in data["group_us"].values() for g in groups)
     forced = data["outputs"]["teacher_forced"]
     assert forced["aa"] == forced["baseline"]

@@ -29,6 +29,7 @@ is not installed the A/B says so.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 from .errors import TunerError, one_line
@@ -213,7 +214,9 @@ def fastest_sdpa_form(shape: dict, *, masked: bool = True, device=None, groups: 
     records, best = [], None
     for form in sdpa_forms():
         try:
-            got = grouped_sdpa(first, form).float()
+            with warnings.catch_warnings():  # torch says why each backend declines, per call
+                warnings.simplefilter("ignore", UserWarning)
+                got = grouped_sdpa(first, form).float()
         except Exception as exc:  # noqa: BLE001 - a backend that does not take the call
             records.append({"form": str(form), "skipped": one_line(exc, 120)})
             continue
@@ -222,8 +225,10 @@ def fastest_sdpa_form(shape: dict, *, masked: bool = True, device=None, groups: 
             records.append({"form": str(form), "skipped": f"max error {error:.3g} vs fp32"})
             continue
         try:
-            timing = time_callable(lambda inputs, f=form: grouped_sdpa(inputs, f), sets,
-                                   groups=groups, replays=replays)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                timing = time_callable(lambda inputs, f=form: grouped_sdpa(inputs, f), sets,
+                                       groups=groups, replays=replays)
         except Exception as exc:  # noqa: BLE001 - e.g. a backend that cannot be captured
             records.append({"form": str(form), "skipped": one_line(exc, 120)})
             continue

@@ -14,8 +14,9 @@
 #   shape; for attention the fastest SDPA on the grouped cache), export, then tuner ab against
 #   every baseline in BASELINES with that export: measured against projected per baseline.
 # GPU_TESTS: pytest targets run first (marker gpu). AB_STEPS / AB_GROUPS / AB_REPLAYS: tuner ab's (8 / 10
-# / 8). AB_S: the timeout of one tuner ab (default 300 s). DEADLINE_S: no new A/B starts after
-# this many seconds (default 500). DEVICE_JSON: a saved device profile (default the H200's).
+# / 8). AB_S: the timeout of one tuner ab (default 300 s; never past LIMIT_S, default 585, after
+# the start). DEADLINE_S: no new A/B starts after this many seconds (default 500). DEVICE_JSON: a
+# saved device profile (default the H200's).
 # Writes $OUT/ab_baselines.log and $OUT/ab_baselines.tar.gz (every ab.json / ab.md, verdicts,
 # exports, search and rank logs; no traces).
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
@@ -28,7 +29,7 @@ source scripts/gpu/setup.sh
 BASELINES=${BASELINES:-max-autotune}
 FIRST=${BASELINES%%,*}
 AB_STEPS=${AB_STEPS:-8}; AB_GROUPS=${AB_GROUPS:-10}; AB_REPLAYS=${AB_REPLAYS:-8}
-AB_S=${AB_S:-300}; DEADLINE_S=${DEADLINE_S:-500}
+AB_S=${AB_S:-300}; DEADLINE_S=${DEADLINE_S:-500}; LIMIT_S=${LIMIT_S:-585}
 SEARCH_S=${SEARCH_S:-45}; ATTN_S=${ATTN_S:-30}
 late() { [ $(( $(date +%s) - T0 )) -gt "$DEADLINE_S" ]; }
 keep() {  # everything small of a folder into the tarball's tree, then the tarball
@@ -39,11 +40,12 @@ keep() {  # everything small of a folder into the tarball's tree, then the tarba
   tar -czf "$OUT/ab_baselines.tar.gz" -C "$W/keep" .
 }
 ab() {  # model batch export_dir out_dir baselines
-  timeout $(( AB_S * $(echo "$5" | tr ',' '\n' | wc -l) )) python3 -m tuner.cli ab \
+  left=$(( LIMIT_S - $(date +%s) + T0 )); each=$AB_S; [ "$each" -gt "$left" ] && each=$left
+  timeout "$left" python3 -m tuner.cli ab \
     --hf-config "shapes/examples/models/$1.json" --batch "$2" --export "$3" --baseline "$5" \
-    --steps "$AB_STEPS" --groups "$AB_GROUPS" --replays "$AB_REPLAYS" --timeout "${AB_S}s" -o "$4" \
+    --steps "$AB_STEPS" --groups "$AB_GROUPS" --replays "$AB_REPLAYS" --timeout "${each}s" -o "$4" \
     > "$4.log" 2>&1; echo "ab rc=$?" | tee -a "$LOG"
-  grep -v "^  \.\. \|Warning\|warn\|written:\|report:" "$4.log" | tail -n 60 | tee -a "$LOG"
+  grep -v "Warning\|warn\|written:\|report:\|_TORCH_SDPA" "$4.log" | tail -n 60 | tee -a "$LOG"
   rm -rf "$4"/*/traces
 }
 if [ -n "${GPU_TESTS:-}" ]; then

@@ -115,9 +115,11 @@ def main(argv: list[str]) -> int:
     settings = ABSettings(**{**request["settings"],
                              "families": tuple(request["settings"]["families"])})
 
-    def stage(text: str) -> None:
+    started = time.time()
+
+    def stage(text: str) -> None:  # each stage with the seconds since the child started
         with open(progress, "a") as fh:
-            fh.write(text + "\n")
+            fh.write(f"[{time.time() - started:5.0f}s] {text}\n")
 
     try:
         data = measure(tuple(request["spec"]), settings, stage)

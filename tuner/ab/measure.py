@@ -47,7 +47,7 @@ __all__ = ["ARMS", "CONTEXT_ARM", "ABSettings", "compile_backend", "compile_deco
 
 ARMS = ("baseline", "tuned", "aa")
 # transformers' own attention (repeat_kv: the grouped cache copied to one KV head per query head,
-# then SDPA), timed beside a grouped-SDPA baseline as context: never counted as a tuner saving
+# then SDPA), timed beside an eager grouped-SDPA baseline as context: never counted as a saving
 CONTEXT_ARM = "repeat_kv"
 
 
@@ -344,7 +344,10 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
         with transformers_attention(lambda current: own["sdpa"]):
             yield None
 
-    names = ARMS + ((CONTEXT_ARM,) if form is not None else ())
+    # the context arm only beside the eager baseline: under torch.compile it would cost one more
+    # whole compile (minutes in max-autotune) to time a path no server runs
+    context = form is not None and result["baseline"] == "eager"
+    names = ARMS + ((CONTEXT_ARM,) if context else ())
     arms = [_Arm(name, harness, gpu, {"tuned": serve, CONTEXT_ARM: transformers_own}.get(name))
             for name in names]
     mode = compile_backend(settings)
