@@ -25,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from tuner import shapetable
@@ -128,6 +129,22 @@ def _dims(value_of):
     return change
 
 
+def _is_attention_op(e):
+    return e.get("cat") == "cpu_op" and is_attention(e.get("name", ""))
+
+
+def _dims_as_text(first: int):
+    """Every size of the Input Dims entries from `first` on (the key, value, cache, offsets of
+    an attention op) written as text: ["2", "2", "19", "16"]."""
+    def change(e):
+        dims = e.get("args", {}).get("Input Dims")
+        if isinstance(dims, list):
+            for i in range(first, len(dims)):
+                if isinstance(dims[i], list) and dims[i]:
+                    dims[i] = [str(x) for x in dims[i]]
+    return change
+
+
 EVENT_MUTATIONS = {
     # name: (pick, change); each is a visible damage: the run must warn or fail
     "ph missing": (_is_kept, _drop("ph")),
@@ -160,7 +177,17 @@ EVENT_MUTATIONS = {
     "Input type a list": (_is_op, _set_arg("Input type", [["c10::BFloat16"]])),
     "Input Strides strings": (_is_op, _set_arg("Input Strides", [["a", "b"], ["c"]])),
     "event a number": (_is_kept, None),
+    # ops without their times: the nesting (linear > matmul > mm) is unknown; read as
+    # zero-length, every level was a call (55 rows of 3563 calls from 21 of 1358)
+    "dur missing on ops": (_is_op, _drop("dur")),
+    "dur null on ops": (_is_op, _set("dur", None)),
+    "Input Dims a zero": (_is_op, _dims(lambda d: 0)),              # was an m = 0 row
+    "attention key dims as text": (_is_attention_op, _dims_as_text(1)),  # was kv_len 0
+    "attention dims all text": (_is_attention_op, _dims_as_text(0)),
 }
+# What an event mutation may do to the table: lose calls (with a warning), never add calls or
+# give a call a shape the undamaged trace has not (a zero, a lost KV length, a level counted).
+SHAPE_KEY = ["family", "m", "n", "k", "heads", "kv_heads", "q_len", "kv_len", "head_dim"]
 
 
 def _replace_with_number(trace: dict, rng: random.Random) -> dict:
@@ -196,6 +223,9 @@ def _deep_args(depth: int):
     return make
 
 
+events_only: set = set()   # the names of the cases made by EVENT_MUTATIONS
+
+
 def cases(bases: dict) -> list:
     """[(name, bytes, must_warn, base name)]."""
     rng = random.Random(20260101)
@@ -225,6 +255,7 @@ def cases(bases: dict) -> list:
                 except AssertionError:
                     continue     # e.g. a CPU-only trace has no kernels to break
             out.append((f"{name}: {what}", json.dumps(mutated).encode(), True, name))
+            events_only.add(f"{name}: {what}")
         out.append((f"{name}: External ids all 7", json.dumps(_duplicate_ext(trace, rng)).encode(),
                     False, name))
         doubled = dict(trace, traceEvents=_events(trace) + _events(trace))
@@ -265,9 +296,25 @@ def check_table(df, n_ops: int | None, name: str) -> None:
     assert (df.us_per_call.notna() | (df.kernels == "")).all(), name
     for col in ("heads", "kv_heads", "q_len", "kv_len", "head_dim"):
         values = df[col].dropna()
-        assert (values >= 0).all(), (name, col)
+        assert (values >= 1).all(), (name, col)       # unknown is NaN, never 0
+    gemm = df[df.family == "gemm"]
+    for col in ("m", "n", "k", "batch"):            # no empty-tensor shape
+        assert (gemm[col] >= 1).all(), (name, col)
     if n_ops is not None:
         assert df.calls.sum() <= n_ops, f"{name}: {df.calls.sum()} calls from {n_ops} ops"
+
+
+def _shapes(df) -> set:
+    return {tuple(str(v) for v in r) for r in df[SHAPE_KEY].itertuples(index=False)}
+
+
+def check_against_reference(df, ref, name: str) -> None:
+    """A damaged trace's table never has more calls than the undamaged one's, nor a shape that
+    one lacks."""
+    assert df.calls.sum() <= ref.calls.sum(), (
+        f"{name}: {df.calls.sum()} calls where the undamaged trace has {ref.calls.sum()}")
+    new = _shapes(df) - _shapes(ref)
+    assert not new, f"{name}: shapes the undamaged trace has not: {sorted(new)[:3]}"
 
 
 def run_case(tmp_path: Path, name: str, data: bytes) -> tuple[int, str, str, Path]:
@@ -304,6 +351,8 @@ def test_fuzzed_traces_fail_cleanly_or_give_a_sane_table(bases, tmp_path, capsys
         check_table(df, _n_ops(data), name)
         if must_warn:
             assert "tuner: warning: " in err, f"{name}: the damage went unsaid"
+        if name in events_only and reference[base] is not None:
+            check_against_reference(df, reference[base], name)
         if name.endswith("every event twice") and reference[base] is not None:
             ref = reference[base]       # an op recorded twice is one call, a kernel one kernel
             assert list(df.calls) == list(ref.calls), name
@@ -352,3 +401,202 @@ def test_memory_stays_bounded_on_100000_nested_brackets(tmp_path, where, capsys)
     # the child's imports alone (pandas, torch through the CLI) take 250-400 MB; the parse
     # before the guard took 2.3 GB at 30,000 brackets and was killed at 100,000
     assert peak_mb < 1024
+
+
+# ---------------------------------------------------- the damage classes one by one, on real traces
+SHARED = ROOT.parent / "shared" / "traces"
+VLLM_CAPTURE = SHARED / "tracelens_mi300x_vllm_gptoss20b_decode_bs32_full_capture.pt.trace.json.gz"
+
+
+def _harvest(tmp_path: Path, trace: dict, *extra) -> tuple[int, str, Path]:
+    """`tuner harvest` of `trace` (written as JSON) in process: (exit code, stderr, table)."""
+    path, out = tmp_path / "damaged.json", tmp_path / "damaged.parquet"
+    path.write_text(json.dumps(trace))
+    if out.exists():
+        out.unlink()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        rc = main(["harvest", str(path), "-o", str(out), *extra])
+    err = stderr.getvalue()
+    assert "Traceback" not in err and "internal error" not in err, err
+    return rc, err, out
+
+
+def _only_error(rc: int, err: str, out: Path, *needles) -> str:
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("tuner: error: "), (rc, err)
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert not out.exists()
+    return lines[0]
+
+
+def _warnings(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("tuner: warning: ")]
+
+
+@pytest.fixture(scope="module")
+def example() -> dict:
+    """The bundled H200 trace of Qwen2.5-0.5B (batch 4): 21 rows, 1358 calls, 3563 GEMM and
+    attention op events (linear > matmul > mm, SDPA > cudnn > its forward)."""
+    return json.loads(gzip.open(EXAMPLE).read())
+
+
+@pytest.fixture(scope="module")
+def example_table(example, tmp_path_factory) -> "object":
+    rc, _, out = _harvest(tmp_path_factory.mktemp("reference"), example)
+    assert rc == 0
+    df = shapetable.read(out)
+    assert (len(df), int(df.calls.sum())) == (21, 1358)
+    return df
+
+
+def _ops(trace: dict) -> list[dict]:
+    return [e for e in trace["traceEvents"] if isinstance(e, dict) and _is_op(e)]
+
+
+def _per_shape(df) -> dict:
+    """calls per (phase, family, m, n, k, batch): the op name of a row may change (a linear
+    standing for the mm inside it), its shape may not."""
+    return df.groupby(["phase", "family", "m", "n", "k", "batch"]).calls.sum().to_dict()
+
+
+@pytest.mark.parametrize("key,value", [("dur", "missing"), ("dur", None), ("tid", [1])])
+def test_ops_without_their_times_are_refused_not_counted_at_every_level(example, tmp_path, key,
+                                                                         value):
+    """Every GEMM/attention op without its dur (or thread): its nesting cannot be told. Read as
+    zero-length, each level (linear, matmul, mm) was a call: 55 rows of 3563 calls where the
+    trace has 21 of 1358, silently. Now one line, exit 2, no table."""
+    trace = copy.deepcopy(example)
+    ops = _ops(trace)
+    assert len(ops) == 3563
+    for e in ops:
+        if value == "missing":
+            e.pop(key)
+        else:
+            e[key] = value
+    rc, err, out = _harvest(tmp_path, trace)
+    _only_error(rc, err, out, "none of its 3563 GEMM/attention ops has a usable start time, "
+                "duration and thread (ts, dur, tid)", "re-export the trace")
+
+
+def test_some_ops_without_dur_lose_calls_with_a_warning_never_add_any(example, example_table,
+                                                                     tmp_path):
+    """A third of the op events without dur: those are skipped and said; a call survives where
+    an op around or inside it kept its times (a linear without dur, its mm with). No shape
+    gains a call, none appears that the trace lacks."""
+    trace = copy.deepcopy(example)
+    ops = _ops(trace)
+    for e in random.Random(7).sample(ops, len(ops) // 3):
+        del e["dur"]
+    rc, err, out = _harvest(tmp_path, trace)
+    assert rc == 0, err
+    (said,) = [w for w in _warnings(err) if "malformed events skipped" in w]
+    assert f"GEMM/attention ops without a usable ts, dur or tid: {len(ops) // 3}" in said
+    assert "a call whose every op lacks its times is missing from the table" in said
+    df, ref = shapetable.read(out), _per_shape(example_table)
+    got = _per_shape(df)
+    assert set(got) <= set(ref)
+    assert all(calls <= ref[shape] for shape, calls in got.items())
+    assert 0.8 * 1358 < df.calls.sum() < 1358      # most calls kept through their other level
+
+
+def test_zero_dims_give_no_m0_rows(example, example_table, tmp_path):
+    """The gate/up projections (n = 4864) with a zero first size in every op's dims: they were
+    m = 0 rows (with kernel times, so budget kept one). Now those calls are skipped and said,
+    every other row is as in the undamaged trace."""
+    trace = copy.deepcopy(example)
+    hit = 0
+    for e in _ops(trace):
+        dims = e["args"]["Input Dims"]
+        out_features = {"aten::linear": 0, "aten::matmul": -1, "aten::mm": -1}.get(e["name"])
+        if out_features is not None and dims[1][out_features] == 4864:   # weight [n, k] / [k, n]
+            dims[0][0] = 0
+            hit += 1
+    assert hit
+    rc, err, out = _harvest(tmp_path, trace)
+    assert rc == 0, err
+    df = shapetable.read(out)
+    assert (df[df.family == "gemm"][["m", "n", "k", "batch"]] >= 1).all().all()
+    gate_up = (example_table.n == 4864)
+    skipped = int(example_table[gate_up].calls.sum())
+    assert skipped == 6 * 48 + 48
+    assert f"{skipped} GEMM/attention calls with a zero size in their dims" in err
+    pd.testing.assert_frame_equal(
+        df.drop(columns="source").reset_index(drop=True),
+        example_table[~gate_up].drop(columns="source").reset_index(drop=True))
+
+    for e in _ops(trace):                   # every call empty: nothing to harvest, one line
+        for sizes in e["args"]["Input Dims"]:
+            if sizes:
+                sizes[0] = 0
+    _only_error(*_harvest(tmp_path, trace), "no GEMM or attention call with a usable shape",
+                "with a zero size in their dims")
+
+
+@pytest.mark.parametrize("first", [1, 0])
+def test_attention_dims_holding_text_are_skipped_not_rows_of_zeros(example, example_table,
+                                                                   tmp_path, first):
+    """The SDPA ops' key/value dims (first=1) or all their dims (first=0) written as text: with
+    the key unread, the six decode attention rows merged into one of kv_len 0 (n = 0, kv_heads
+    lost, 144 calls). Now those ops are skipped and said; the GEMM rows are untouched."""
+    trace = copy.deepcopy(example)
+    attention = [e for e in _ops(trace) if is_attention(e["name"])]
+    assert len(attention) == 3 * 168           # SDPA > cudnn attention > its forward, 168 calls
+    for e in attention:
+        _dims_as_text(first)(e)
+    rc, err, out = _harvest(tmp_path, trace)
+    assert rc == 0, err
+    df = shapetable.read(out)
+    assert not (df.family == "attention").any()
+    assert "504 GEMM/attention ops whose dims give no GEMM or attention shape" in err
+    gemm = example_table[example_table.family == "gemm"]
+    pd.testing.assert_frame_equal(df.drop(columns="source").reset_index(drop=True),
+                                  gemm.drop(columns="source").reset_index(drop=True))
+
+
+def test_paged_attention_with_a_damaged_key_is_skipped(tmp_path):
+    """vLLM's unified attention in the real MI300X capture: q [32, 64, 64] with the key and the
+    paged cache as text lost its KV heads silently. Now the call is skipped and said; the three
+    linears of its layers stay."""
+    trace = json.loads(gzip.open(VLLM_CAPTURE).read())
+    rc, _, out = _harvest(tmp_path, trace)
+    assert rc == 0
+    ref = shapetable.read(out)
+    assert ref[ref.family == "attention"].kv_heads.tolist() == [8]
+    for e in trace["traceEvents"]:
+        if isinstance(e, dict) and e.get("name") == "vllm::unified_attention_with_output":
+            _dims_as_text(1)(e)
+    rc, err, out = _harvest(tmp_path, trace)
+    assert rc == 0, err
+    df = shapetable.read(out)
+    assert "24 GEMM/attention ops whose dims give no GEMM or attention shape" in err
+    assert not (df.family == "attention").any()
+    assert _per_shape(df) == _per_shape(ref[ref.family == "gemm"])
+
+
+def test_budget_never_keeps_an_empty_shape(tmp_path):
+    """A shape table with m = 0 (an older harvest, another tool): budget prunes that row with
+    its reason, where it kept it (the decode gate/up projection, 143 us/token of headroom)."""
+    from tuner import budget
+    from tuner.device import choose_profile
+
+    table = shapetable.read(EXAMPLE.with_name("qwen25_05b_b4_decode.parquet"))
+    profile = choose_profile("h200", [], gpu=False)[0]
+    before = budget.compute(table, profile, graph_captured=True)
+    gate_up = (before.phase == "decode") & (before.op == "aten::mm") & (before.n == 4864)
+    assert before[gate_up].verdict.tolist() == ["keep"]
+    damaged = table.copy()
+    damaged.loc[(table.phase == "decode") & (table.op == "aten::mm") & (table.n == 4864), "m"] = 0
+    path = tmp_path / "m0.parquet"
+    shapetable.write(damaged, path)
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main(["budget", str(path), "--device", "h200", "--graph-captured",
+                     "-o", str(tmp_path / "b.parquet")]) == 0
+    after = budget.read(tmp_path / "b.parquet")
+    row = after[(after.phase == "decode") & (after.m == 0)]
+    assert row.verdict.tolist() == ["prune"]
+    assert row.reason.iloc[0].startswith("m = 0: a call on an empty tensor does no work")
+    others = after[~((after.phase == "decode") & (after.m == 0))]
+    assert (others.verdict == "keep").sum() == (before.verdict == "keep").sum() - 1

@@ -37,6 +37,7 @@ from .units import DEFAULT_THRESHOLD, Threshold, is_number, pct as _pct
 
 __all__ = ["BIAS_OPS", "COMPUTE_FLOOR_DTYPES", "LAUNCH_BOUND_GPU_BUSY", "PHASE_ORDER", "amdahl",
            "bytes_and_flops", "call_floor_us", "check_profile", "compute", "default_output", "describe_shape",
+           "empty_size",
            "floor_us", "format_table", "kernel_families", "kernel_shape", "measure_baselines",
            "phase_notes", "read", "run_command", "saving_per_call_needed", "saving_per_token",
            "surviving", "write"]
@@ -136,6 +137,22 @@ def call_floor_us(row, profile: DeviceProfile, min_kernel_us: float = 0.0
     return nbytes, nflops, floor, no_model
 
 
+# The sizes of a row that, when zero, leave no work. An attention row's unknown sizes are NaN,
+# and its m, n and batch hold q_len, kv_len and the batch or 0 where those are unknown (a paged
+# call outside a decode step): its own columns say, not those.
+_SIZES = {"gemm": ("m", "n", "k", "batch"),
+          "attention": ("heads", "kv_heads", "q_len", "kv_len", "head_dim")}
+
+
+def empty_size(row) -> str:
+    """The name of a size of a ShapeTable row that is zero ("m", "heads", ...), or ""."""
+    for column in _SIZES.get(str(row["family"]), ()):
+        value = row[column] if column in row else None
+        if value is not None and not pd.isna(value) and value == 0:
+            return column
+    return ""
+
+
 def check_profile(profile: DeviceProfile) -> None:
     for field, value in (("read bandwidth", profile.read_bandwidth_bytes_per_s),
                          ("bf16 matmul rate", profile.bf16_matmul_flops_per_s)):
@@ -206,7 +223,12 @@ def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold
         verdict, reason = _verdict(threshold, baseline=baseline, floor=floor, no_model=no_model,
                                    calls=calls, headroom_token=headroom_token, share=share,
                                    graph_captured=graph_captured)
-        if verdict == "prune" and launch_bound and not graph_captured and step_gpu > 0:
+        zero = empty_size(row)
+        if zero:  # no call shape at all: never kept, whatever time the trace gave it
+            verdict, reason = "prune", (f"{zero} = 0: a call on an empty tensor does no work "
+                                        "(nothing to tune; a damaged trace?)")
+        if verdict == "prune" and launch_bound and not graph_captured and step_gpu > 0 \
+                and not zero:
             reason += f"; launch-bound: {_pct(headroom_token / step_gpu)} of GPU-busy time"
         rows.append({
             "bytes": nbytes, "flops": nflops, "floor_us": floor,

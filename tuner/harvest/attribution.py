@@ -13,7 +13,7 @@ import bisect
 from dataclasses import dataclass
 
 from .records import Call, Op, RawTrace, Step
-from .shapes import make_call
+from .shapes import call_and_empty_size
 from .steps import step_of
 
 __all__ = ["OpIndex", "index_ops", "call_owner", "select_calls", "mark_compiled", "GpuSplit",
@@ -92,20 +92,23 @@ def call_owner(ops: list[Op], i: int, calls: dict) -> int:
     return i if i in calls else -1
 
 
-def select_calls(ops: list[Op]) -> tuple[dict, int]:
-    """{op index: Call} and how many GEMM/attention ops gave no shape.
+def select_calls(ops: list[Op]) -> tuple[dict, int, int]:
+    """{op index: Call}, how many GEMM/attention ops gave no shape and how many calls had a
+    zero size (shapes.call_and_empty_size: dropped).
 
     Attention calls first: the outermost attention op whose dims give a shape (an autograd
     wrapper without dims leaves the call to the op inside it). Then GEMM calls: the innermost
     GEMM-family op, unless it is part of an attention call.
     """
     attention: dict[int, Call] = {}
-    unparsed = 0
+    unparsed = empty = 0
     for i, op in enumerate(ops):
         if op.kind == "attention" and op.dims:
-            c = make_call(op)
+            c, zero = call_and_empty_size(op)
             if c is None:
                 unparsed += 1
+            elif zero:
+                empty += 1
             else:
                 attention[i] = c
     calls: dict[int, Call] = {i: c for i, c in attention.items()
@@ -115,12 +118,14 @@ def select_calls(ops: list[Op]) -> tuple[dict, int]:
             continue
         if _attention_call_above(ops, op.parent, calls) >= 0:
             continue
-        c = make_call(op)
+        c, zero = call_and_empty_size(op)
         if c is None:
             unparsed += 1
+        elif zero:
+            empty += 1
         else:
             calls[i] = c
-    return calls, unparsed
+    return calls, unparsed, empty
 
 
 def mark_compiled(calls: dict, ops: list[Op], regions: list) -> int:

@@ -160,7 +160,7 @@ def graphs_of_capture(path: Path, raw: RawTrace) -> list[CapturedGraph]:
     if not windows:
         return []
     index = index_ops(raw.ops)
-    calls, _unparsed = select_calls(raw.ops)
+    calls, _unparsed, _empty = select_calls(raw.ops)
     mark_compiled(calls, raw.ops, raw.compiled_regions)
     call_at = {i: c for i, c in calls.items()}
     launches_by_tid: dict = {}

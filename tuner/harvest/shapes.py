@@ -6,7 +6,7 @@ from __future__ import annotations
 from . import config
 from .records import Call, Op
 
-__all__ = ["is_attention", "gemm_shape", "attention_shape", "make_call",
+__all__ = ["is_attention", "gemm_shape", "attention_shape", "make_call", "call_and_empty_size",
            "complete_decode_attention", "regroup_kv_heads"]
 
 
@@ -44,6 +44,16 @@ def _sizes(d) -> list[int] | None:
 
 def _input(dims: list, i: int) -> list[int] | None:
     return _sizes(dims[i]) if i < len(dims) else None
+
+
+def _damaged(d) -> bool:
+    """Whether an Input Dims entry cannot be a tensor's sizes, a non-tensor's [] or a tensor
+    list's [[...], ...]: not a list, or a flat list holding a string, a negative, a fraction."""
+    if type(d) is not list:
+        return True
+    if not d or all(type(x) is list for x in d):
+        return False
+    return _sizes(d) is None
 
 
 def _dtype(types: list, i: int) -> str:
@@ -128,6 +138,10 @@ def attention_shape(op: Op) -> dict | None:
     dims = op.dims
     q = _input(dims, 0)
     if q is None or len(q) < 2 or len(dims) < 2 or type(dims[1]) is not list:
+        return None
+    if any(_damaged(d) for d in dims[:8]):
+        # a key, value, cache or offsets entry that holds no sizes: read without it, the call
+        # lost its KV length, heads or batch and became a row of zeros (kv_len 0, batch 0)
         return None
     kk = _input(dims, 1) or []
     out = dict(batch=None, heads=None, kv_heads=None, q_len=None, kv_len=None, head_dim=None,
@@ -218,19 +232,31 @@ def _varlen_shape(q: list, kk: list, dims: list, out: dict) -> None:
 
 def make_call(op: Op) -> Call | None:
     """The Call of a GEMM or attention op, or None when its dims give no shape."""
+    return call_and_empty_size(op)[0]
+
+
+def call_and_empty_size(op: Op) -> tuple[Call | None, str]:
+    """`make_call`, and the name of a size the dims give as zero ("m", "heads", ...) or "".
+
+    A call on an empty tensor does no work, and a zero in a trace's dims is as often damage;
+    kept, it would be an m = 0 row that budget and search take for a shape. Unknown sizes of
+    an attention call (None: a paged decode's batch or KV length) are not zero."""
     if op.kind == "gemm":
         s = gemm_shape(op)
         if s is None:
-            return None
-        return Call(op=op.name, family="gemm", ts=op.ts, **s)
+            return None, ""
+        empty = next((key for key in ("m", "n", "k", "batch") if s[key] == 0), "")
+        return Call(op=op.name, family="gemm", ts=op.ts, **s), empty
     s = attention_shape(op)
     if s is None:
-        return None
+        return None, ""
+    empty = next((key for key in ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim",
+                                  "tokens") if s[key] == 0), "")
     return Call(op=op.name, family="attention", ts=op.ts,
                 m=s["q_len"] or 0, n=s["kv_len"] or 0, k=s["head_dim"] or 0,
                 batch=s["batch"] or 0, dtype=s["dtype"], layout="",
                 heads=s["heads"], kv_heads=s["kv_heads"], q_len=s["q_len"],
-                kv_len=s["kv_len"], head_dim=s["head_dim"], tokens=s["tokens"])
+                kv_len=s["kv_len"], head_dim=s["head_dim"], tokens=s["tokens"]), empty
 
 
 def complete_decode_attention(calls: list, steps: list) -> int:

@@ -15,7 +15,7 @@ from . import config
 from .attribution import attribute_activities, index_ops, mark_compiled, select_calls
 from .files import trace_rank
 from .graphs import capture_windows, graph_launches, join_replay
-from .reading import read_events, read_header
+from .reading import OP_WITHOUT_TIME, read_events, read_header
 from .records import RawTrace, Step, TraceData
 from .shapes import complete_decode_attention
 from .steps import classify_steps, step_of, steps_from_markers, whole_trace_steps
@@ -81,10 +81,18 @@ def _mark_compiled_calls(raw: RawTrace, call_of_op: dict, graphs: list, calls: l
 def _check_raw(path: Path, raw: RawTrace, notes: list, joining: bool) -> None:
     """The errors a trace with nothing to harvest gets, and the notes on what was skipped.
     A replay joined with captures may hold no shaped op itself (the capture has the shapes)."""
+    untimed = raw.malformed.get(OP_WITHOUT_TIME, 0)
     if raw.malformed:
         n = sum(raw.malformed.values())
         what = "; ".join(f"{why}: {k}" for why, k in sorted(raw.malformed.items()))
-        notes.append(f"{n} malformed events skipped ({what})")
+        notes.append(f"{n} malformed events skipped ({what})"
+                     + (f"; a call whose every op lacks its times is missing from the table"
+                        if untimed else ""))
+    if untimed and not raw.ops and not joining:
+        raise TunerError(f"{path}: none of its {untimed} GEMM/attention ops has a usable start "
+                         "time, duration and thread (ts, dur, tid), so which op is the call "
+                         "(linear > matmul > mm) and which kernels it launched cannot be told; "
+                         "re-export the trace with complete events")
     if raw.n_cpu_ops == 0 and not raw.activities:
         skipped = f" ({notes[-1]})" if raw.malformed else ""
         raise TunerError(f"{path}: the trace has no CPU ops and no GPU kernels (empty trace)"
@@ -153,12 +161,17 @@ def _read_trace(path: Path, steps: int | None, graphs: list, device_name: str | 
     _check_raw(path, raw, notes, joining)
 
     index = index_ops(raw.ops)
-    call_of_op, unparsed = select_calls(raw.ops)
+    call_of_op, unparsed, empty = select_calls(raw.ops)
     if unparsed:
         notes.append(f"{unparsed} GEMM/attention ops whose dims give no GEMM or attention shape "
                      "(e.g. a matrix-vector matmul) are skipped")
+    if empty:
+        notes.append(f"{empty} GEMM/attention calls with a zero size in their dims (an empty "
+                     "tensor, or a damaged trace) are skipped: no work to tune")
     if not call_of_op and not joining:
-        raise TunerError(f"{path}: no GEMM or attention call with a usable shape")
+        why = "; ".join(notes[-(bool(unparsed) + bool(empty)):]) if unparsed or empty else ""
+        raise TunerError(f"{path}: no GEMM or attention call with a usable shape"
+                         + (f" ({why})" if why else ""))
     windows = [] if graphs else capture_windows(raw)
     if windows:
         notes.append(f"it holds {len(windows)} CUDA/HIP-graph capture(s): their calls "
