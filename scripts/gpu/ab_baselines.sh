@@ -36,7 +36,8 @@ keep() {  # everything small of a folder into the tarball's tree, then the tarba
   mkdir -p "$W/keep/$2"
   (cd "$1" && find . -type f \( -name 'ab.json' -o -name 'ab.md' -o -name '*.log' -o -name '*.md' \
      -o -name '*.parquet' -o -name 'gemv.json' -o -name 'gemm.json' -o -name 'attention.json' \
-     -o -name 'manifest.json' \) -not -path '*/traces/*' -exec cp --parents {} "$W/keep/$2/" \;)
+     -o -name 'manifest.json' -o -name 'measurement.json' \) -not -path '*/traces/*' \
+     -not -path './keep/*' -exec cp --parents {} "$W/keep/$2/" \;)
   tar -czf "$OUT/ab_baselines.tar.gz" -C "$W/keep" .
 }
 ab() {  # model batch export_dir out_dir baselines
