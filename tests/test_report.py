@@ -483,3 +483,130 @@ def test_the_fallback_projection_names_attention_calls_as_the_ab_does():
     assert with_projection["measured_over_projected"] == pytest.approx(
         recorded_ab["saving_us"] / 3713.938, rel=1e-6)
     assert why.startswith("this A/B recorded no projection")
+
+
+# ------------------------------------------------------------ one damaged file of a run folder
+def _ab(change):
+    def damage(path: Path) -> None:
+        ab_json = json.loads(path.read_text())
+        change(ab_json)
+        path.write_text(json.dumps(ab_json))
+    return damage
+
+
+def _record(change):
+    def damage(path: Path) -> None:
+        record = json.loads(path.read_text())
+        change(record)
+        path.write_text(json.dumps(record))
+    return damage
+
+
+def _into_directory(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+AB_JSON = "ab/QwenDecode-b4/ab.json"
+DAMAGES = {
+    # name: (file, damage, what the line says of it, the section it is in)
+    "ab.json cut short": (AB_JSON, lambda p: p.write_bytes(p.read_bytes()[:700]),
+                          "not an A/B verdict (not JSON", "ab"),
+    "ab.json not UTF-8": (AB_JSON, lambda p: p.write_bytes(b"\xff\xfe" + p.read_bytes()),
+                          "not an A/B verdict (not UTF-8 text)", "ab"),
+    "ab.json arms a string": (AB_JSON, _ab(lambda a: a.update(arms="fast")),
+                              "arms is 'fast', not a JSON object (not shown)", "ab"),
+    "ab.json attribution a string": (AB_JSON, _ab(lambda a: a.update(attribution="x")),
+                                     "attribution is 'x', not a JSON list (not shown)", "ab"),
+    "ab.json an arm a string": (AB_JSON, _ab(lambda a: a["arms"].update(baseline="x")),
+                                "damaged, not shown", "ab"),
+    "ab.json outputs' arms a list": (AB_JSON, _ab(lambda a: a["outputs"].update(
+        teacher_forced=[1, 2])), "damaged, not shown", "ab"),
+    "run.json cut short": ("run.json", lambda p: p.write_bytes(p.read_bytes()[:40]),
+                           "cannot be read (not JSON", "search"),
+    "run.json studies a number": ("run.json", _record(lambda r: r.update(studies=5)),
+                                  "studies is 5, not a list of study names (left out)", "search"),
+    "run.json options a string": ("run.json", _record(lambda r: r.update(options="gemv")),
+                                  "options is 'gemv', not an object (left out)", "search"),
+    "run.json a directory": ("run.json", _into_directory, "cannot be read (Is a directory)",
+                             "search"),
+    "plan.md not UTF-8": ("plan.md", lambda p: p.write_bytes(b"\xff" + p.read_bytes()),
+                          "cannot be read (not UTF-8 text)", "plan"),
+    "plan.md a directory": ("plan.md", _into_directory, "cannot be read (Is a directory)",
+                            "plan"),
+}
+
+
+@pytest.mark.parametrize("name", list(DAMAGES))
+def test_a_damaged_file_is_named_and_the_rest_of_the_page_drawn(recorded, tmp_path, capsys,
+                                                                name):
+    """One damaged file of the recorded run folder (ab.json, run.json, plan.md): `tuner
+    report` exits 0, names the file on one warning line and in its section, and draws every
+    other section as it does for the whole folder. Before, an ab.json of the wrong shape,
+    run.json's studies or options of the wrong kind and a plan.md that is not UTF-8 ended in
+    'internal error' (exit 1) with no page."""
+    rel, damage, says, where = DAMAGES[name]
+    whole = parse(recorded)
+    copy = tmp_path / "run"
+    shutil.copytree(recorded.parent, copy)
+    (copy / "report.html").unlink()
+    damage(copy / rel)
+    code = main(["report", str(copy)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.strip() == f"report: {copy / 'report.html'}"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"tuner: warning: report: {copy / rel}"), err
+    assert says in lines[0], lines[0]
+    page = parse(copy / "report.html")
+    assert any(str(copy / rel) in text and says in text
+               for text in page.sections[where]["notes"]), page.sections[where]["notes"]
+    for other in {"budget", "plan", "search", "verdicts", "ab"} - {where}:
+        if where == "search" and other == "verdicts":
+            continue     # the verdicts still show; their studies come from run.json
+        assert page.sections[other] == whole.sections[other], other
+    assert page.rows("verdicts") == whole.rows("verdicts")
+
+
+def _json_paths(value, prefix=()):
+    """Every path into a JSON value (the first three items of a list)."""
+    if prefix:
+        yield prefix
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _json_paths(item, prefix + (key,))
+    elif isinstance(value, list):
+        for i, item in enumerate(value[:3]):
+            yield from _json_paths(item, prefix + (i,))
+
+
+GARBAGE = ["x", None, [], {}, -1, 1e308, True, [1, "a"], {"a": "b"}]
+
+
+def test_fuzzed_ab_and_run_records_never_stop_the_report(recorded, tmp_path, capsys):
+    """ab.json and run.json with one value anywhere replaced by a value of another kind (a
+    seeded sample of the 1,200 or so such cases): every report is written, exit 0, no internal
+    error; the budget and plan sections are as for the whole folder."""
+    import random
+
+    whole = parse(recorded)
+    copy = tmp_path / "run"
+    shutil.copytree(recorded.parent, copy)
+    originals = {rel: json.loads((copy / rel).read_text()) for rel in (AB_JSON, "run.json")}
+    cases = [(rel, path, garbage) for rel, value in originals.items()
+             for path in _json_paths(value) for garbage in GARBAGE]
+    assert len(cases) > 1000
+    for rel, path, garbage in random.Random(32).sample(cases, 24):
+        damaged = json.loads(json.dumps(originals[rel]))
+        parent = damaged
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = garbage
+        (copy / rel).write_text(json.dumps(damaged))
+        code = main(["report", str(copy)])
+        out, err = capsys.readouterr()
+        assert code == 0 and "internal error" not in err and "Traceback" not in err, (path, err)
+        page = parse(copy / "report.html")
+        for section_id in ("budget", "plan"):
+            assert page.sections[section_id] == whole.sections[section_id], (path, garbage)
+        (copy / rel).write_text(json.dumps(originals[rel]))

@@ -22,7 +22,7 @@ from ..errors import TunerError, one_line, warn
 from ..tables import atomic_write_bytes
 from . import charts
 from .data import RUN_RECORD, RunData, load_run, record_run
-from .html import page
+from .html import note, page, section
 from .sections import (ab_only, ab_section, budget_section, plan_section, search_section,
                        verdicts_section)
 
@@ -32,16 +32,33 @@ __all__ = ["REPORT_NAME", "RUN_RECORD", "RunData", "load_run", "record_run", "re
 REPORT_NAME = "report.html"
 
 
+# Each section: its anchor and heading (as its function writes them) and the files it shows.
+_SECTIONS = (("Budget", "budget", "Budget", "budget.parquet"),
+             ("Plan", "plan", "Search plan", "plan.md"),
+             ("Search", "search", "Search", "run.json and its study storage"),
+             ("Verdicts", "verdicts", "Verdicts", "verdicts.parquet"),
+             ("A/B", "ab", "A/B: end to end", "ab.json"))
+
+
 def render_html(data: RunData) -> str:
-    """The page for a loaded run directory."""
+    """The page for a loaded run directory. A section whose files hold what it cannot show (a
+    damaged file) says so in its place, and the rest of the page is drawn; each such file is
+    added to `data.problems`."""
     charts_ok, charts_why = charts.available()
+    makers = {"Budget": lambda: budget_section(data, charts_ok, charts_why),
+              "Plan": lambda: plan_section(data),
+              "Search": lambda: search_section(data, charts_ok, charts_why),
+              "Verdicts": lambda: verdicts_section(data, charts_ok, charts_why),
+              "A/B": lambda: ab_section(data, charts_ok, charts_why)}
     sections, cards = [], []
-    for title, make in (("Budget", lambda: budget_section(data, charts_ok, charts_why)),
-                        ("Plan", lambda: plan_section(data)),
-                        ("Search", lambda: search_section(data, charts_ok, charts_why)),
-                        ("Verdicts", lambda: verdicts_section(data, charts_ok, charts_why)),
-                        ("A/B", lambda: ab_section(data, charts_ok, charts_why))):
-        html_text, card = make()
+    for title, anchor, heading, files in _SECTIONS:
+        try:
+            html_text, card = makers[title]()
+        except Exception as exc:  # noqa: BLE001 - a damaged file: name it, draw the rest
+            why = (f"{heading}: {files} in {data.path} holds what the report cannot show "
+                   f"({one_line(exc)})")
+            data.problems.append(why)
+            html_text, card = section(anchor, heading, note("not available", why)), "damaged"
         sections.append(html_text)
         cards.append((title, card))
     options = data.record.get("options") or {}
@@ -67,8 +84,11 @@ def render(run_dir: str | Path, *, storage: str | None = None, ab: list | tuple 
     run directory or the report cannot be written."""
     data = load_run(run_dir, storage=storage, ab=ab)
     target = Path(output) if output else Path(run_dir) / REPORT_NAME
+    text = render_html(data)
+    for problem in data.problems:  # the page says each in its section too
+        warn(f"report: {problem}")
     try:
-        return atomic_write_bytes(target, render_html(data).encode("utf-8"))
+        return atomic_write_bytes(target, text.encode("utf-8"))
     except OSError as exc:
         raise TunerError(f"cannot write the report {target}: {exc.strerror or exc}") from None
 

@@ -22,8 +22,8 @@ import pandas as pd
 from ..errors import TunerError
 from ..tables import atomic_write_bytes
 
-__all__ = ["AB_FILE", "RUN_RECORD", "RunData", "StudyData", "TrialPoint", "load_run",
-           "load_studies", "read_record", "record_path", "record_run", "sqlite_file"]
+__all__ = ["AB_FILE", "RUN_RECORD", "RunData", "StudyData", "TrialPoint", "check_record",
+           "load_run", "load_studies", "read_record", "record_path", "record_run", "sqlite_file"]
 
 RUN_RECORD = "run.json"
 AB_FILE = "ab.json"
@@ -64,11 +64,55 @@ def record_run(run_dir: str | Path, *, storage: str | None, studies: list[str], 
 
 def read_record(run_dir: str | Path) -> dict:
     """run.json as a dict ({} when there is none or it cannot be read)."""
+    return check_record(run_dir)[0]
+
+
+# What each field of run.json must hold (record_run writes them so).
+_RECORD_FIELDS = {"storage": (str, "a storage URL"), "studies": (list, "a list of study names"),
+                  "searched": (bool, "true or false"), "not_searched": (str, "a text"),
+                  "options": (dict, "an object"), "format": (str, "a text"),
+                  "written_at": (str, "a text")}
+
+
+def check_record(run_dir: str | Path) -> tuple[dict, list[str]]:
+    """run.json as a dict ({} when there is none or it cannot be read) and what in it could not
+    be used: an unreadable file, or a field of the wrong kind (left out of the dict)."""
+    path = record_path(run_dir)
+    if not path.exists():
+        return {}, []
     try:
-        record = json.loads(record_path(run_dir).read_text())
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
+        record = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as exc:  # a directory, truncated JSON, not UTF-8
+        return {}, [f"{path}: cannot be read ({_why(exc)}); the report goes without it"]
+    if not isinstance(record, dict):
+        return {}, [f"{path}: holds a JSON {type(record).__name__}, not the run record's "
+                    f"object; the report goes without it"]
+    problems = []
+    for key, (kind, what) in _RECORD_FIELDS.items():
+        value = record.get(key)
+        if value is None:
+            continue
+        ok = isinstance(value, kind) and (key != "studies" or all(isinstance(v, str)
+                                                                  for v in value))
+        if not ok:
+            problems.append(f"{path}: {key} is {_shown(value)}, not {what} (left out)")
+            del record[key]
+    return record, problems
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not JSON: {exc.msg}, line {exc.lineno} column {exc.colno}"
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
+def _shown(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # ------------------------------------------------------------------------------------ studies
@@ -196,6 +240,9 @@ class RunData:
     search_note: str = ""
     abs: list[tuple[Path, dict]] = field(default_factory=list)  # (ab.json path, its contents)
     ab_note: str = ""
+    plan_note: str = ""
+    record_note: str = ""  # what of run.json could not be read
+    problems: list[str] = field(default_factory=list)  # each file (or part) that was not read
 
 
 def _find_abs(directory: Path, extra: list) -> tuple[list[tuple[Path, dict]], list[str]]:
@@ -219,14 +266,33 @@ def _find_abs(directory: Path, extra: list) -> tuple[list[tuple[Path, dict]], li
             continue
         seen.add(p.resolve())
         try:
-            data = json.loads(p.read_text())
+            data = json.loads(p.read_bytes().decode("utf-8"))
             if not isinstance(data, dict) or "arms" not in data:
                 raise ValueError("no arms")
         except (OSError, ValueError) as exc:
-            problems.append(f"{p}: not an A/B verdict ({exc})")
+            problems.append(f"{p}: not an A/B verdict ({_why(exc)})")
             continue
-        out.append((p, data))
+        out.append((p, _check_ab(p, data, problems)))
     return out, problems
+
+
+# The parts of an ab.json the report reads, and what each must be (tuner.ab.verdict writes it).
+_AB_FIELDS = {"arms": dict, "attribution": list, "outputs": dict, "residual": dict,
+              "serving": dict, "reasons": list, "label": str, "crashed": str}
+
+
+def _check_ab(path: Path, data: dict, problems: list) -> dict:
+    """`data` without the parts of the wrong kind (each named in `problems`): the rest of the
+    A/B is shown."""
+    data = dict(data)
+    for key, kind in _AB_FIELDS.items():
+        value = data.get(key)
+        if value is None or isinstance(value, kind):
+            continue
+        want = {dict: "object", list: "list", str: "string"}[kind]
+        problems.append(f"{path}: {key} is {_shown(value)}, not a JSON {want} (not shown)")
+        del data[key]
+    return data
 
 
 def load_run(directory: str | Path, *, storage: str | None = None,
@@ -247,25 +313,34 @@ def load_run(directory: str | Path, *, storage: str | None = None,
         raise TunerError(f"{directory} is not a run directory: it has none of budget.parquet, "
                          f"verdicts.parquet, plan.md or ab.json (give the -o folder of `tuner "
                          f"run`, artifacts/run/<trace>/, or of `tuner ab`, artifacts/ab/<label>/)")
-    data = RunData(path=directory, record=read_record(directory))
-    if (directory / "budget.parquet").is_file():
+    record, problems = check_record(directory)
+    data = RunData(path=directory, record=record, record_note="; ".join(problems))
+    if (directory / "budget.parquet").exists():
         try:
             data.budget = budget_mod.read(directory / "budget.parquet")
         except TunerError as exc:
             data.budget_note = str(exc)
-    if (directory / "plan.md").is_file():
-        data.plan_md = (directory / "plan.md").read_text()
-    if (directory / "verdicts.parquet").is_file():
+            problems.append(str(exc))
+    plan = directory / "plan.md"
+    if plan.exists():
+        try:
+            data.plan_md = plan.read_bytes().decode("utf-8")
+        except (OSError, ValueError) as exc:
+            data.plan_note = f"{plan}: cannot be read ({_why(exc)})"
+            problems.append(data.plan_note)
+    if (directory / "verdicts.parquet").exists():
         try:
             data.verdicts = rank.read(directory / "verdicts.parquet")
         except TunerError as exc:
             data.verdicts_note = str(exc)
+            problems.append(str(exc))
     url = storage or data.record.get("storage")
     names = list(data.record.get("studies") or [])
     if not names and data.verdicts is not None and "study" in data.verdicts.columns:
         names = [s for s in dict.fromkeys(data.verdicts["study"]) if s]
     if url or names:
         data.studies, data.search_note = load_studies(url, names)
-    data.abs, problems = _find_abs(directory, list(ab))
-    data.ab_note = "; ".join(problems)
+    data.abs, ab_problems = _find_abs(directory, list(ab))
+    data.ab_note = "; ".join(ab_problems)
+    data.problems = problems + ab_problems
     return data

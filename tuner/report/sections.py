@@ -156,6 +156,9 @@ def budget_section(data, charts_ok: bool, charts_why: str) -> tuple[str, str]:
 # ------------------------------------------------------------------------------------- plan
 def plan_section(data) -> tuple[str, str]:
     if data.plan_md is None:
+        if data.plan_note:
+            return section("plan", "Search plan", note("not available", data.plan_note)), \
+                "not available"
         why = _missing(data, f"no plan.md in {data.path}")
         return section("plan", "Search plan", note("not run", why)), "not run"
     title = next((line.lstrip("# ").strip() for line in data.plan_md.splitlines()
@@ -181,12 +184,13 @@ def _not_searched(data) -> str:
 
 
 def search_section(data, charts_ok: bool, charts_why: str) -> tuple[str, str]:
+    damaged = note("run record partly read", data.record_note) if data.record_note else ""
     if not data.studies:
         why = _not_searched(data) if not data.search_note else ""
         box = note("not run", why) if why else note("not available", data.search_note or
                                                     "no study to show")
-        return section("search", "Search", box), "not run" if why else "not available"
-    parts = [f"<p>{len(data.studies)} Optuna studies in "
+        return section("search", "Search", damaged + box), "not run" if why else "not available"
+    parts = [damaged, f"<p>{len(data.studies)} Optuna studies in "
              f"<code>{esc(data.record.get('storage') or '')}</code>; open them interactively "
              f"with <code>optuna-dashboard {esc(data.record.get('storage') or 'URL')}</code>.</p>",
              _charts_note(charts_ok, charts_why)]
@@ -408,6 +412,14 @@ def ab_section(data, charts_ok: bool, charts_why: str) -> tuple[str, str]:
         parts.append(note("skipped", data.ab_note))
     cards = []
     for path, ab in data.abs:
-        parts.append(_ab_block(path, ab, charts_ok, data.verdicts))
+        try:
+            block = _ab_block(path, ab, charts_ok, data.verdicts)
+        except Exception as exc:  # noqa: BLE001 - a damaged ab.json: say which, show the rest
+            why = f"{path}: damaged, not shown ({type(exc).__name__}: {str(exc)[:200]})"
+            data.problems.append(why)
+            parts.append(f"<h3>{esc(path.parent.name)}</h3>" + note("not available", why))
+            cards.append("damaged")
+            continue
+        parts.append(block)
         cards.append(f"{num(ab.get('speedup'), '.3f')}×" if not ab.get("crashed") else "crashed")
     return section("ab", "A/B: end to end", "".join(parts)), ", ".join(cards)
