@@ -324,3 +324,43 @@ def test_rank_baseline_flags_are_one_line(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["rank", "--baseline", "fastest"])
     assert exit_.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+# --------------------------------------------- harvest reads max-autotune's GEMM templates
+MAX_AUTOTUNE_PAIR = HERE / "fixtures" / "traces" / "h200_tiny_llama_max_autotune"
+
+
+def test_max_autotunes_triton_gemm_templates_are_read_as_linear_calls():
+    """A real max-autotune decode step (H200): Inductor lowered every linear to a Triton template
+    kernel, some with a norm or an activation fused in; each is one call of its linear shape, so
+    `tuner ab` attributes a max-autotune baseline per shape and rank's studies can come from it."""
+    from tuner import harvest
+    from tuner.harvest.config import INDUCTOR_GEMM_OP
+
+    meta = json.loads((MAX_AUTOTUNE_PAIR.parent / (MAX_AUTOTUNE_PAIR.name + ".meta.json"))
+                      .read_text())
+    result = harvest.harvest([f"{MAX_AUTOTUNE_PAIR}_replay.pt.trace.json.gz"],
+                             capture=[f"{MAX_AUTOTUNE_PAIR}_capture.pt.trace.json.gz"], quiet=True)
+    table = result.table
+    linears = table[table.op == INDUCTOR_GEMM_OP]
+    got = {f"m={r.m},n={r.n},k={r.k}": r.calls_per_step for r in linears.itertuples()}
+    assert got == meta["linears_per_step"]
+    assert set(linears.layout) == {"NT"} and set(linears.family) == {"gemm"}
+    assert (linears.us_per_call > 1.0).all() and linears.traced_compiled.all()
+    kernels = [k.strip() for k in ";".join(linears.kernels).split(";")]
+    assert kernels and all(k.startswith("triton_tem_fused_") for k in kernels)
+
+
+@pytest.mark.parametrize("dims, why", [
+    ([[2, 1, 256], [256, 256]], "no output"),
+    ([[2, 1, 256], [256, 256], [2, 128]], "output n is not the weight's"),
+    ([[2, 1, 300], [256, 256], [2, 256]], "input is not m x k"),
+    ([[2, 1, 256], [256, 256, 1], [2, 256]], "weight not 2-D"),
+])
+def test_a_template_call_whose_dims_do_not_fit_gives_no_shape(dims, why):
+    from tuner.harvest.config import INDUCTOR_GEMM_OP
+    from tuner.harvest.records import Op
+    from tuner.harvest.shapes import gemm_shape
+
+    op = Op(INDUCTOR_GEMM_OP, 1, 0.0, 1.0, None, dims, ["c10::BFloat16"] * len(dims), [], "gemm")
+    assert gemm_shape(op) is None, why

@@ -12,7 +12,7 @@ __all__ = [
     "Dialect", "KINETO", "KINETO_2021", "DIALECTS", "CATEGORY_KINDS",
     "GEMM_CORE", "GEMM_WRAPPERS", "GEMM_OPS", "LINEAR_OPS", "ATTN_BHLD", "ATTN_BLHD",
     "ATTN_NAME_RE",
-    "INDUCTOR_KERNEL_RE", "COMPILED_REGION_PREFIX",
+    "INDUCTOR_KERNEL_RE", "INDUCTOR_GEMM_RE", "INDUCTOR_GEMM_OP", "COMPILED_REGION_PREFIX",
     "StepMarker", "STEP_MARKERS", "PHASE_WORDS", "ANNOTATION_PREFIXES",
     "DTYPES", "TRACE_SUFFIXES", "RANK_RE", "GPU_NAME_RE", "LAUNCH_BOUND", "UNATTRIBUTED_WARN",
 ]
@@ -106,6 +106,13 @@ ATTN_NAME_RE = re.compile(r"attn|attention|_vllm_fa\d|mha_(?:varlen_)?fwd|paged_
 # _to_copy_..._rsqrt..." is a fused elementwise kernel (rotary, norm, casts) next to an attention
 # call, not one. They are never a GEMM or attention call (their time counts as other kernels).
 INDUCTOR_KERNEL_RE = re.compile(r"^triton_(?:poi|per|red|tem|for|spl|unk)_|^cpp_fused_")
+# Except Inductor's Triton GEMM templates (max-autotune's picks: "triton_tem_fused_mm_t_view_3",
+# "triton_tem_fused__unsafe_view_mm_mul_silu_t_view_10", a norm or activation fused in): each is
+# one linear call, its args the input [..., k] (any view), the weight [n, k] and the output
+# [m, n] (read off a real max-autotune trace, tests/fixtures/traces/h200_tiny_llama_max_autotune*).
+# They are read as the op INDUCTOR_GEMM_OP, one row a shape whatever kernel ran it.
+INDUCTOR_GEMM_RE = re.compile(r"^triton_tem_fused_(?:\w*?_)?(?:add)?mm(?:_|$)")
+INDUCTOR_GEMM_OP = "inductor::mm_template"
 # The range Inductor records around each call of a compiled graph (torch/_inductor/output_code.py,
 # CompiledFxGraph.__call__, while a profiler runs; a user_annotation, or an op in older dialects).
 # The GEMM and attention ops inside one are the compiled graph's (its extern mm, its SDPA); ops

@@ -90,6 +90,8 @@ def gemm_shape(op: Op) -> dict | None:
     A trailing `out=` tensor (Inductor's aten::mm(a, b, out=c): three Input Dims) is ignored.
     """
     name, dims, types, strides = op.name, op.dims, op.types, op.strides
+    if name == config.INDUCTOR_GEMM_OP:
+        return _template_shape(dims, types, strides)
     a, b = (1, 2) if name in ("aten::addmm", "aten::baddbmm") else (0, 1)
     da, db = _input(dims, a), _input(dims, b)
     if da is None or db is None:
@@ -124,6 +126,20 @@ def gemm_shape(op: Op) -> dict | None:
         return None
     layout = _mat_flag(dims, strides, a) + _mat_flag(dims, strides, b)
     return dict(m=m, n=n, k=k, batch=batch, dtype=_dtype(types, a), layout=layout)
+
+
+def _template_shape(dims: list, types: list, strides: list) -> dict | None:
+    """An Inductor GEMM template's call (config.INDUCTOR_GEMM_RE): input [..., k] (any view of
+    m x k elements), weight [n, k] (B is its transposed view), output [m, n]; None where the
+    dims do not say so (a fused kernel of another argument order is not guessed at)."""
+    da, dw, do = _input(dims, 0), _input(dims, 1), _input(dims, 2)
+    if da is None or dw is None or do is None or len(dw) != 2 or len(do) != 2:
+        return None
+    (n, k), m = dw, do[0]
+    if do[1] != n or not da or _prod(da) != m * k or m < 1:
+        return None
+    flag_b = "T" if _mat_flag(dims, strides, 1) == "N" else "N"
+    return dict(m=m, n=n, k=k, batch=1, dtype=_dtype(types, 1), layout="N" + flag_b)
 
 
 def attention_shape(op: Op) -> dict | None:
