@@ -225,30 +225,6 @@ def test_the_max_autotune_arm_captures_and_replays_in_one_graph(llama_config, tm
 
 
 # ------------------------------------------------------------------ rank --baseline max-autotune
-def test_rank_baseline_names_reach_the_gpu_measurement(tmp_path, monkeypatch):
-    """`tuner rank --baseline X` (rank(baseline=X), no custom measure) times every study's pair
-    against that reference of tuner.bench."""
-    from test_rank import cfg, make_study
-    from tuner import rank
-
-    url = f"sqlite:///{tmp_path / 'studies.db'}"
-    make_study(url, "m=4,n=896,k=896,dtype=bfloat16", 48.0, [(cfg(2), 3.9, "exact", "ok")])
-    asked = []
-
-    def measure_on_gpu(study, cand, gate, *, baseline="baseline", **options):
-        asked.append(baseline)
-        return rank.Measured(config=cand.config, parity=None)
-
-    monkeypatch.setattr(rank, "_require_gpu", lambda: None)
-    monkeypatch.setattr(rank, "measure_on_gpu", measure_on_gpu)
-    ident = lambda family: {}  # noqa: E731
-    for name in ("max-autotune", "compile", "eager"):
-        rank.rank(url, family="gemv", progress=False, identity=ident, baseline=name)
-    assert asked == ["max-autotune-baseline", "compiled-baseline", "baseline"]
-    with pytest.raises(TunerError, match="unknown baseline"):
-        rank.rank(url, family="gemv", progress=False, identity=ident, baseline="fastest")
-
-
 def test_the_max_autotune_reference_compiles_in_that_mode(monkeypatch):
     from kernels import get_family
     from tuner import bench

@@ -512,9 +512,10 @@ def test_a_study_of_a_compiled_step_is_timed_against_the_compiled_baseline(tmp_p
     assert table.iloc[0]["baseline_us"] > 0
 
 
-def test_rank_compiled_baseline_flag_reaches_the_gpu_measurement(tmp_path, monkeypatch):
-    """`tuner rank --compiled-baseline` (rank(compiled_baseline=True), no custom measure) times
-    every study's baseline pair against the compiled baseline; without it, the eager one."""
+def test_rank_baseline_names_reach_the_gpu_measurement(tmp_path, monkeypatch):
+    """`tuner rank --baseline X` (rank(baseline=X); --compiled-baseline, rank(compiled_baseline=
+    True), is 'compile'), no custom measure: every study's pair is timed against that reference
+    of tuner.bench; without either, the eager one."""
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     make_study(url, "m=4,n=896,k=896,dtype=bfloat16", 48.0, [(cfg(2), 3.9, "exact", "ok")])
     asked = []
@@ -527,8 +528,12 @@ def test_rank_compiled_baseline_flag_reaches_the_gpu_measurement(tmp_path, monke
     monkeypatch.setattr(rank, "measure_on_gpu", measure_on_gpu)
     ident = lambda family: {}  # noqa: E731
     rank.rank(url, family="gemv", progress=False, identity=ident, compiled_baseline=True)
-    rank.rank(url, family="gemv", progress=False, identity=ident)
-    assert asked == ["compiled-baseline", "baseline"]
+    for name in ("max-autotune", "compile", "eager", ""):
+        rank.rank(url, family="gemv", progress=False, identity=ident, baseline=name)
+    assert asked == ["compiled-baseline", "max-autotune-baseline", "compiled-baseline",
+                     "baseline", "baseline"]
+    with pytest.raises(TunerError, match="unknown baseline"):
+        rank.rank(url, family="gemv", progress=False, identity=ident, baseline="fastest")
 
 
 # ------------------------------------------------------------- a damaged storage is one line
