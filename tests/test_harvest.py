@@ -402,6 +402,74 @@ def test_watch_harvests_new_files_and_stops_on_ctrl_c(tmp_path):
     assert "skipping w-rank-1.pt.trace.json.gz: rank 1" in stderr
 
 
+class _Polls:
+    """Stands in for time.sleep inside `harvest.watch`: records each wait and runs the action
+    planned for the end of that poll (1-based), so a test changes the folder between polls."""
+
+    def __init__(self, monkeypatch, plan: dict):
+        self.waits: list[float] = []
+        self.plan = plan
+        monkeypatch.setattr(harvest.watching.time, "sleep", self)
+
+    def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        action = self.plan.get(len(self.waits))
+        if action:
+            action()
+
+
+def test_watch_says_once_that_a_file_ends_early_and_reads_it_again_when_it_changes(
+        tmp_path, capsys, monkeypatch):
+    """A trace cut short that stays so (a copy that failed half way): it was read again every
+    other poll, forever, without a word. Now one line says so, it is not read again until it
+    changes, and once whole it is harvested."""
+    d, out = tmp_path / "traces", tmp_path / "merged.parquet"
+    d.mkdir()
+    data = CPU_TRACE.read_bytes()
+    cut = d / "w1.pt.trace.json.gz"
+    cut.write_bytes(data[:len(data) // 2])
+    reads = []
+    real = harvest.watching.read_trace
+    monkeypatch.setattr(harvest.watching, "read_trace",
+                        lambda path, **kw: reads.append(path.name) or real(path, **kw))
+    polls = _Polls(monkeypatch, {12: lambda: cut.write_bytes(data)})
+    assert harvest.watch(d, out, interval=0.5, max_polls=16) == 1
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "w1.pt.trace.json.gz" in line]
+    assert said == [
+        "tuner: warning: w1.pt.trace.json.gz: the gzip stream ends early (truncated file, or "
+        "still being written?); read again when it changes",
+        "harvested w1.pt.trace.json.gz"], err
+    assert reads == ["w1.pt.trace.json.gz"] * 2     # cut short once, then whole
+    assert polls.waits == [0.5] * 16
+    assert shapetable.read(out).steps.max() == 3
+
+
+def test_watch_says_once_that_its_folder_is_gone_backs_off_and_goes_on(tmp_path, capsys,
+                                                                     monkeypatch):
+    """The watched folder removed (a cleanup, an unmounted share): it was polled at the same
+    pace without a word. Now one line says it, the polls slow down (doubling, up to a minute)
+    and, when it is back, one line says that and its new traces are merged with the first."""
+    d, out = tmp_path / "traces", tmp_path / "merged.parquet"
+    d.mkdir()
+    shutil.copy(CPU_TRACE, d / "w1.pt.trace.json.gz")
+
+    def come_back():
+        d.mkdir()
+        shutil.copy(CPU_TRACE, d / "w2.pt.trace.json.gz")
+
+    polls = _Polls(monkeypatch, {3: lambda: shutil.rmtree(d), 12: come_back})
+    assert harvest.watch(d, out, interval=2, max_polls=16) == 2
+    err = capsys.readouterr().err
+    gone = [line for line in err.splitlines() if "is gone" in line]
+    assert gone == [f"tuner: warning: --watch {d}: the folder is gone; polling it ever more "
+                    "slowly (up to every 60 s) until it is back; Ctrl-C stops"], err
+    assert err.count("the folder is back") == 1
+    assert polls.waits == [2, 2, 2, 4, 8, 16, 32, 60, 60, 60, 60, 60, 2, 2, 2, 2]
+    assert shapetable.read(out).steps.max() == 6       # both traces, one before, one after
+    assert "Traceback" not in err
+
+
 def test_pure_python_ijson_backend_gives_the_same_table(monkeypatch):
     import ijson.backends.python as slow
 
