@@ -166,6 +166,36 @@ def test_rank_and_export_outputs_that_cannot_be_written_fail_first(capsys, tmp_p
                    "-o", tmp_path / "v")[::2], "--name '../escape'")
 
 
+@pytest.mark.parametrize("mode", ["trace", "live", "watch"])
+@pytest.mark.parametrize("case", ["a directory", "under a file", "read-only"])
+def test_harvest_output_that_cannot_be_written_fails_first(capsys, tmp_path, case, mode):
+    """harvest -o a directory, under a file, in a read-only place: an internal error (exit 1)
+    once the trace was read, and `--watch` found it only when the first trace came. Now one
+    line, exit 2, before any trace is read, profiled or watched."""
+    target = unwritable_outputs(tmp_path)[case]
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    shutil.copy(TRACE, watched / "t.pt.trace.json.gz")  # --watch would harvest it at once
+    before = files_under(tmp_path)
+    source = {"trace": [TRACE],
+              "live": ["--live", f"{ROOT / 'tests/fixtures/traces/tiny_decoder.py'}:TinyDecoder",
+                       "--steps", "1"],
+              "watch": ["--watch", watched, "--interval", "0.1"]}[mode]
+    code, out, err = run(capsys, "harvest", *source, "-o", target)
+    one_error(code, err, f"-o {target if case == 'a directory' else target.parent}")
+    assert out == ""
+    assert files_under(tmp_path) == before
+
+
+@pytest.mark.parametrize("interval", ["-1", "nan", "inf", "0"])
+def test_harvest_watch_interval_must_be_a_positive_number(capsys, tmp_path, interval):
+    """--interval -1 / nan: an internal error (time.sleep's ValueError) after the first poll."""
+    code, out, err = run(capsys, "harvest", "--watch", tmp_path, "-o", tmp_path / "t.parquet",
+                         f"--interval={interval}")
+    one_error(code, err, "--interval must be a positive number of seconds")
+    assert out == "" and files_under(tmp_path) == []
+
+
 # ---------------------------------------------------------------------------------- export
 def verdict_table():
     from tests.test_export_runtime import ENTRIES, verdicts

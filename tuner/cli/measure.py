@@ -91,8 +91,11 @@ def cmd_harvest(args) -> int:
         raise TunerError("--graph goes with --live MODULE:CALLABLE")
     if args.capture and not args.traces:
         raise TunerError("--capture goes with the replay TRACE... it joins")
+    from ..tables import check_output_file
+
     if args.live:
         out = args.output or Path("shapes") / f"live_{args.live.rpartition(':')[2]}.parquet"
+        check_output_file(out, "-o")  # before any profiling
         result = harvest.live(args.live, args.steps, out, save_trace=args.save_trace,
                               phase=args.phase, quiet=True, graph=args.graph,
                               device_name=args.device_name, kv_heads=args.kv_heads)
@@ -100,12 +103,14 @@ def cmd_harvest(args) -> int:
         if args.kv_heads is not None:
             raise TunerError("--kv-heads goes with TRACE... or --live, not --watch")
         out = args.output or Path("shapes") / f"{Path(args.watch).resolve().name}.parquet"
+        harvest.watching.check_interval(args.interval)  # watch checks -o before its first poll
         harvest.watch(args.watch, out, rank=args.rank, steps=args.steps, phase=args.phase,
                       interval=args.interval, device_name=args.device_name)
         return 0
     else:
         files, captures = harvest.resolve_pairs(args.traces, args.rank, args.capture)
         out = args.output or harvest.default_output(files[0])
+        check_output_file(out, "-o")  # before reading a trace
         result = harvest.harvest(files, out, rank=args.rank, steps=args.steps, phase=args.phase,
                                  quiet=True, capture=captures, device_name=args.device_name,
                                  kv_heads=args.kv_heads)

@@ -59,7 +59,11 @@ def harvest(paths: list, output=None, *, rank: int | None = None, steps: int | N
     table = aggregate(traces, phase)
     result = HarvestResult(table, traces, captures=[str(c) for c in captures])
     if output is not None:
-        result.output = shapetable.write(table, output)
+        try:
+            result.output = shapetable.write(table, output)
+        except OSError as exc:  # a directory, under a file, read-only (the CLI checks first)
+            raise TunerError(f"-o {output}: cannot write the table: "
+                             f"{exc.strerror or exc}") from None
     if not quiet:
         report(result)
     return result
