@@ -363,6 +363,39 @@ def test_fuzzed_traces_fail_cleanly_or_give_a_sane_table(bases, tmp_path, capsys
     assert counts[0] > 10 and counts[2] > 30
 
 
+def test_fuzzed_traces_under_watch_are_said_once_and_not_read_again(bases, tmp_path, capsys,
+                                                                     monkeypatch):
+    """Every malformed trace of the suite that `tuner harvest` refuses, dropped into a folder
+    `tuner harvest --watch` polls: one line names it (cut short: read again when it changes;
+    otherwise skipped), it is read once over ten polls, the watch goes on (the table is never
+    written from it), and none ends the watch."""
+    from tuner.harvest import watching
+
+    reads: list = []
+    real = watching.read_trace
+    monkeypatch.setattr(watching, "read_trace",
+                        lambda path, **kw: reads.append(path.name) or real(path, **kw))
+    monkeypatch.setattr(watching.time, "sleep", lambda seconds: None)
+    refused = 0
+    for i, (name, data, _, _) in enumerate(cases(bases)):
+        if run_case(tmp_path, name, data)[0] != 2:
+            continue
+        refused += 1
+        folder, out = tmp_path / f"watch{i}", tmp_path / f"watch{i}.parquet"
+        folder.mkdir()
+        (folder / "t.pt.trace.json").write_bytes(data)
+        reads.clear()
+        capsys.readouterr()
+        assert watching.watch(folder, out, interval=1, max_polls=10) == 0, name
+        err = capsys.readouterr().err
+        said = [line for line in err.splitlines() if "t.pt.trace.json" in line]
+        assert len(said) == 1 and said[0].startswith("tuner: warning: "), (name, err)
+        assert ("read again when it changes" in said[0]) == ("ends early" in said[0]), said
+        assert reads == ["t.pt.trace.json"], (name, reads)
+        assert "Traceback" not in err and not out.exists(), name
+    assert refused > 100
+
+
 # --------------------------------------------------------------------------------------- memory
 CHILD = """
 import sys

@@ -580,3 +580,40 @@ def test_rank_keeps_an_unmeasured_time_in_the_study_attributes(tmp_path):
     study.set_user_attr("default_us", math.nan)
     studies = rank.load_studies(url, family="gemv")
     assert [c.config for c in studies[0].candidates] == [cfg(8)]
+
+
+GARBAGE = ["x", None, [], {}, -1.0, True, [1, "a"], {"a": "b"}, float("nan")]
+STUDY_ATTRS = ["family", "shape", "shape_key", "device", "backend", "baseline_us", "default_us",
+               "calls_per_step", "step_us", "hit_rate", "phase", "default_config"]
+TRIAL_ATTRS = ["config", "median_us", "noise_pct", "output_hash", "parity", "failure"]
+
+
+@pytest.mark.skipif(_gpu_visible(), reason="where the values can be read, a GPU would re-measure")
+def test_fuzzed_study_and_trial_attributes_are_one_line(tmp_path, capsys):
+    """A seeded sample of the study and trial attributes rank reads, each replaced by a value
+    of another kind: every `tuner rank` ends with exactly one `tuner: error:` line and exit 2
+    (the damage named, or, where the value can be read, that this machine has no GPU to
+    re-measure on), never an internal error."""
+    import random
+
+    cases = [("study", k, v) for k in STUDY_ATTRS for v in GARBAGE] + \
+            [("trial", k, v) for k in TRIAL_ATTRS for v in GARBAGE]
+    named = 0
+    for i, (where, key, value) in enumerate(random.Random(32).sample(cases, 40)):
+        url = f"sqlite:///{tmp_path / f'studies{i}.db'}"
+        study = make_study(url, "m=4,n=4864,k=896,dtype=bfloat16", 48.0,
+                           [(cfg(8), 4.0, "exact", "ok")])
+        if where == "study":
+            study.set_user_attr(key, value)
+        else:
+            user = {"config": cfg(2), "median_us": 3.8, "parity": "exact", key: value}
+            study.add_trial(optuna.trial.create_trial(value=3.8, user_attrs=user, params={},
+                                                      distributions={}))
+        rc = main(["rank", "--storage", url, "--device", "nvidia-h200", "-o",
+                   str(tmp_path / "verdicts")])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and err.startswith("tuner: error: "), \
+            (where, key, value, err)
+        assert "internal error" not in err, (where, key, value, err)
+        named += f"user attribute {key} is" in err
+    assert named >= 10
