@@ -16,14 +16,21 @@ announced through `progress(stage)` before it starts (the parent names the stage
 5. attribution (with `profile`): each arm captured again under the profiler (record_shapes) and
    a few replays profiled; the parent joins each pair with tuner.harvest (per-shape kernel time).
 
-With `compile` (a torch.compile backend, "inductor" from `tuner ab --compile`) the harness's
-decode step is compiled before anything runs, as a server that compiles its model (vLLM,
-SGLang's torch.compile mode) runs it: the elementwise work between the linears (norms, rotary,
+The step baseline (`baseline`: tuner.baselines, `tuner ab --baseline`) says how the decode step
+runs in every arm: eager, or compiled with the `compile` backend before anything runs, in
+Inductor's default mode (`compile`) or max-autotune without Inductor's CUDA graphs
+(`max-autotune`), as a server that compiles its model (vLLM, SGLang's torch.compile mode) runs it: the elementwise work between the linears (norms, rotary,
 activations, residual adds) fuses into few kernels, so the linears are a larger share of the step
 than in the eager model. Both arms run the same compiled step: tuner.serving's custom ops are
 opaque to the compiler, installing them recompiles once (Dynamo guards on the patched forwards)
 and uninstalling finds the baseline's compiled code again. The compiles happen in the warm-up
 before each capture, never inside one.
+
+A transformers model with grouped KV heads (tuner.ab.harness.grouped_attention_shape) runs its
+decode attention in every arm as SDPA on the grouped cache in the fastest form this device has
+(tuner.baselines.fastest_sdpa_form, timed before the captures), in place of transformers'
+repeat_kv path; beside an eager baseline a `repeat_kv` arm (transformers' own path) is captured
+and timed as context (CONTEXT_ARM), never profiled or counted.
 
 Returns plain JSON data. `device="cpu"` runs the same code without graphs (eager "replays",
 perf_counter clocks) for tests: its numbers mean nothing.
@@ -350,13 +357,14 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
     names = ARMS + ((CONTEXT_ARM,) if context else ())
     arms = [_Arm(name, harness, gpu, {"tuned": serve, CONTEXT_ARM: transformers_own}.get(name))
             for name in names]
-    mode = compile_backend(settings)
+    backend = compile_backend(settings)
     with torch.no_grad(), (transformers_attention(grouped) if form is not None
                            else contextlib.nullcontext()):
         harness.prefill()
         for arm in arms:
-            progress(f"capture: {arm.name} arm" + (f" ({result['baseline']}, torch.compile {mode}: "
-                                                     f"the warm-up compiles)" if mode else ""))
+            progress(f"capture: {arm.name} arm" + (f" ({result['baseline']}, torch.compile "
+                                                     f"{backend}: the warm-up compiles)"
+                                                     if backend else ""))
             arm.capture()
         result["serving"] = arms[1].serving
 
