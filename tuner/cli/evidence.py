@@ -81,7 +81,8 @@ def _add_ab(sub) -> None:
     p.add_argument("--transformers-attention", action="store_true",
                    help="keep transformers' own attention (repeat_kv, then SDPA) in the baseline "
                    "instead of SDPA on the grouped cache")
-    timeout_flag(p, "per batch size, for the whole measurement", "20m")
+    timeout_flag(p, "per A/B (one batch size against one baseline), for the whole measurement",
+                 "20m")
     p.add_argument("-o", "--output", metavar="DIR", default="artifacts/ab",
                    help="where <model>-b<batch>-<baseline>/ab.json and ab.md go (default "
                    "artifacts/ab)")
