@@ -340,3 +340,33 @@ def test_a_template_call_whose_dims_do_not_fit_gives_no_shape(dims, why):
 
     op = Op(INDUCTOR_GEMM_OP, 1, 0.0, 1.0, None, dims, ["c10::BFloat16"] * len(dims), [], "gemm")
     assert gemm_shape(op) is None, why
+
+
+def test_a_default_baseline_that_cannot_compile_the_step_falls_back_to_eager_and_says_so(
+        tmp_path, monkeypatch, capsys):
+    """The default is the strongest baseline the machine runs; a harness torch.compile cannot
+    take crashes its baseline arm's capture: the A/B says so and measures against eager. A
+    baseline the user named is never replaced."""
+    from tuner import ab
+
+    ran = []
+
+    def one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s, out):
+        ran.append(baseline)
+        crashed = ("the measurement process died at '[ 12s] capture: baseline arm (max-autotune"
+                   ", torch.compile inductor: the warm-up compiles)' (exit code 1)"
+                   if baseline == "max-autotune" else "")
+        return abv.ABVerdict(label=f"{label}-b{batch}-{baseline}", arms={}, crashed=crashed)
+
+    monkeypatch.setattr(ab, "_have_gpu", lambda: True)
+    monkeypatch.setattr(ab, "strongest_available", lambda gpu: "max-autotune")
+    monkeypatch.setattr(ab, "_one", one)
+    (tmp_path / "export").mkdir()
+    settings = ABSettings(export_dir=str(tmp_path / "export"))
+    ab.run(("callable", TINY), batches=[1], settings=settings, out_root=tmp_path)
+    assert ran == ["max-autotune", "eager"]
+    assert "measuring against eager instead" in capsys.readouterr().err
+    ran.clear()
+    ab.run(("callable", TINY), batches=[1], settings=settings, baselines=["max-autotune"],
+           out_root=tmp_path)
+    assert ran == ["max-autotune"]
