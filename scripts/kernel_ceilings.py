@@ -4,7 +4,7 @@ torch's measured time. `ceiling` = torch / floor is the speedup a kernel at the 
 `1.10x needs` = the share of the floor's speed a kernel must reach to be 1.10x torch (over 100%:
 impossible). Bandwidth: the log's own measurement at the start; matmul rate: a `tuner device`
 profile (bf16 8192^3 torch.matmul, the best this GPU showed).
-  python3 scripts/kernel_ceilings.py benchmarks/logs/2026-12-01/late/session14c_kernels15.log.gz \
+  python3 scripts/kernel_ceilings.py benchmarks/logs/2026-12-01/late/14c_kernels15.log.gz \
       benchmarks/logs/2026-12-01/nvidia-h200.device.json [--min-m 16]
 """
 import argparse

@@ -5,7 +5,7 @@ H200 (benchmarks/logs/2026-12-01/): the budget is computed here from the example
 H200's measured profile; the studies are made by the real search orchestration (worker
 processes, SQLite) with an objective that replays that run's per-shape times (its baseline, its
 default config and its best config; other configs are slower by a deterministic amount); the
-verdict table is tuner.rank.decide over that run's re-measured numbers (session1_run.log); the
+verdict table is tuner.rank.decide over that run's re-measured numbers (1_run.log); the
 A/B is that run's ab.json as written on the H200. Every report is parsed (html.parser): its
 headings, one embedded image per chart, its table rows, and that nothing points outside the file.
 """
@@ -36,7 +36,7 @@ LIVE = EXAMPLES / "qwen25_05b_b4_live.pt.trace.json.gz"
 DECODE = EXAMPLES / "qwen25_05b_b4_decode.pt.trace.json.gz"
 LOGS = ROOT / "benchmarks" / "logs" / "2026-12-01"
 H200 = LOGS / "nvidia-h200.device.json"
-EXAMPLE_AB = LOGS / "session1_ab_qwen05b_b4.json"
+EXAMPLE_AB = LOGS / "1_ab_qwen05b_b4.json"
 HERE = Path(__file__).resolve().parent
 TINY = f"{HERE / 'fixtures' / 'ab' / 'tiny_lm.py'}:TinyDecode"
 SECTIONS = ["Budget", "Search plan", "Search", "Verdicts", "A/B: end to end"]
@@ -47,7 +47,7 @@ def cfg(rows, block_k, warps, *, split_k=1, use_dot=0, stages=1) -> dict:
             "num_stages": stages, "num_warps": warps}
 
 
-# session1_run.log, the search summary: shape -> (baseline us, default us, best us, best config)
+# 1_run.log, the search summary: shape -> (baseline us, default us, best us, best config)
 SEARCHED = {
     "m=4,n=128,k=896,dtype=bfloat16,bias=1": (3.82, 2.33, 2.33, cfg(1, 1024, 4)),
     "m=4,n=4864,k=896,dtype=bfloat16": (5.09, 5.35, 5.35, cfg(32, 128, 4, use_dot=1, stages=4)),
@@ -55,7 +55,7 @@ SEARCHED = {
     "m=4,n=896,k=896,dtype=bfloat16,bias=1": (4.82, 3.37, 3.22, cfg(2, 1024, 4)),
     "m=4,n=896,k=896,dtype=bfloat16": (4.56, 3.28, 3.28, cfg(1, 1024, 4)),
 }
-# session1_run.log, rank: (shape, calls, config, baseline us, candidate us, speedup, low, high,
+# 1_run.log, rank: (shape, calls, config, baseline us, candidate us, speedup, low, high,
 # error, output class, default us (for "slower than the default config")). The log's accept lines
 # do not print the config: the search's best config of the shape is taken. The rejected rows'
 # candidate times are the log's speedup applied to the baseline.
@@ -79,7 +79,7 @@ RANKED = [
     ("m=4,n=4864,k=896,dtype=bfloat16", 48, cfg(16, 128, 4, use_dot=1, stages=3), 5.09, 5.981,
      0.851, 0.849, 0.852, 1.70e-3, "c0ffee00c0ffee00", None),
 ]
-STEP_US = 2198.0  # the example's decode step, GPU busy (session1_run.log)
+STEP_US = 2198.0  # the example's decode step, GPU busy (1_run.log)
 
 
 # ------------------------------------------------------------------- the replayed objective
@@ -462,7 +462,7 @@ def test_the_fallback_projection_names_attention_calls_as_the_ab_does():
     Llama-3.1-8B at batch 32 with its projections removed, and that run's attention
     verdicts, the accepted one's cache length set to the A/B's traced call (146; the verdict's
     own trace had 162, which names another call)."""
-    logs = ROOT / "benchmarks/logs/2026-12-01/session18"
+    logs = ROOT / "benchmarks/logs/2026-12-01/compiled-attention"
     recorded_ab = json.loads((logs / "18b_abc_llama31_8b-b32.json").read_text())
     bare = dict(recorded_ab, projected_us=None,
                 attribution=[dict(r, projected_saving_us=None) for r in recorded_ab["attribution"]])

@@ -3,14 +3,14 @@
 # tests (the batch-32 gemm set), real CUDA graph capture/replay pairs, the parity classes of each
 # space, then `tuner run` on the bundled example and `tuner ab` of its model with the export.
 # Usage on the device machine (repo root, .whl carried):
-#   bash scripts/gpu/session1.sh
-# Everything lands in $OUT/session1.tar.gz plus $OUT/session1.log (the short table last).
+#   bash scripts/gpu/run1.sh
+# Everything lands in $OUT/session1.tar.gz plus $OUT/run1.log (the short table last).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 W=$(mktemp -d /tmp/s1.XXXXXX)
-LOG="$OUT/session1.log"
+LOG="$OUT/run1.log"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed" | tee -a "$LOG"
 export PYTHONPATH="$PWD:/tmp/site" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1

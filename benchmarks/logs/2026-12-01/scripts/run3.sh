@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU batch 3 (H200, < 9.5 minutes): real CUDA graph capture/replay fixtures, the parity classes
-# of each space, Llama-3.1-8B-shaped at batch 1 through the user's day (session2.sh), and the
+# of each space, Llama-3.1-8B-shaped at batch 1 through the user's day (run2.sh), and the
 # issue-15 kernel sweep (kernels15.sh, budget KERNELS15_BUDGET_S).
 set -u
 cd "$(dirname "$0")/../.."
@@ -17,7 +17,7 @@ timeout 110 python3 scripts/gpu/parity_classes.py --out "$W/parity_classes.json"
   2>&1 | tail -n 6 | tee "$W/parity_classes.txt"
 echo "== llama31_8b b1"
 OUT="$W/llama" DEVICE_JSON=benchmarks/logs/2026-12-01/nvidia-h200.device.json \
-  MODELS="llama31_8b:1" SEARCH_S=45 timeout 240 bash scripts/gpu/session2.sh 2>&1 | \
+  MODELS="llama31_8b:1" SEARCH_S=45 timeout 240 bash scripts/gpu/run2.sh 2>&1 | \
   grep -E "^== |^A/B|^  (baseline|tuned|aa|speedup|saving|outputs|verdict)|winning|rc=" | head -40
 echo "== kernels15"
 OUT="$W" KERNELS15_BUDGET_S=${K15:-200} timeout 300 bash scripts/gpu/kernels15.sh > "$W/k15.out" 2>&1

@@ -5,7 +5,7 @@
 #   2. the graph-safety tests of tests/test_serving_gpu.py selected by TESTS_K.
 # Logs under $OUT. Ran at 5dcbd70 (default TESTS_K then also took the fused-reduce test) and at
 # e423bf6 (KERNELS15_SET=8b, PDL twins); both knobs are gone since (docs/kernels.md).
-# Usage: OUT=... bash scripts/gpu/session10.sh
+# Usage: OUT=... bash scripts/gpu/run10.sh
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # GPU batches of 2026-12-01, late (issue 15): known configs queued first + compile-ahead.
-#   1. scripts/gpu/session2.sh for MODELS (the user's day: trace, harvest, search, rank, export,
+#   1. scripts/gpu/run2.sh for MODELS (the user's day: trace, harvest, search, rank, export,
 #      tuner ab --compile), with its environment (SEARCH_S, SEARCH_NOAHEAD, GPU_TESTS, ...);
 #   2. tuner ab --compile of saved exports, for a same-machine comparison:
 #      AB_EXPORTS="label:model:batch:export_dir ..." (logs $OUT/abx_<label>.md/.json).
 # Usage: DEVICE_JSON=benchmarks/logs/2026-12-01/nvidia-h200.device.json MODELS=llama31_8b:32 \
-#   AB_EXPORTS="aft:qwen3_8b:32:benchmarks/logs/2026-12-01/exports/qwen3_8b-b32" bash scripts/gpu/session14.sh
+#   AB_EXPORTS="aft:qwen3_8b:32:benchmarks/logs/2026-12-01/exports/qwen3_8b-b32" bash scripts/gpu/run14.sh
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if [ -n "${MODELS:-}" ]; then bash scripts/gpu/session2.sh; fi
+if [ -n "${MODELS:-}" ]; then bash scripts/gpu/run2.sh; fi
 export PYTHONPATH="$PWD:/tmp/site" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
 T0=$(date +%s)
 for item in ${AB_EXPORTS:-}; do

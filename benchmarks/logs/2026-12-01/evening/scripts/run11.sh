@@ -13,7 +13,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed"
 export PYTHONPATH="$PWD:/tmp/site" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
 W=$(mktemp -d /tmp/s11.XXXXXX)
-SRC=benchmarks/logs/2026-12-01/evening/session12_verdicts_qwen3_8b-b32.parquet
+SRC=benchmarks/logs/2026-12-01/evening/12_verdicts_qwen3_8b-b32.parquet
 mkdir -p artifacts/devices; cp benchmarks/logs/2026-12-01/nvidia-h200.device.json artifacts/devices/nvidia-h200.json
 T0=$(date +%s)
 stamp() { echo "== $1  (+$(( $(date +%s) - T0 ))s)" | tee -a "$OUT/session.log"; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU batch (one H200, < 9.5 minutes): Qwen3-8B-shaped at batch 32 through the user's day with
-# the eager and the compiled A/B (session2.sh COMPILE_AB=1), then the compiled batch-1 step's
+# the eager and the compiled A/B (run2.sh COMPILE_AB=1), then the compiled batch-1 step's
 # graph capture + replay traces (tuner ab --trace-only --compile), kept gzipped under $OUT to read
 # how harvest joins a torch.compile'd step.
 set -u
@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 DEVICE_JSON=benchmarks/logs/2026-12-01/nvidia-h200.device.json MODELS="qwen3_8b:32" COMPILE_AB=1 \
-  COMPILE_AB_S=330 SEARCH_S=40 OUT="$OUT" timeout 480 bash scripts/gpu/session2.sh 2>&1 | \
+  COMPILE_AB_S=330 SEARCH_S=40 OUT="$OUT" timeout 480 bash scripts/gpu/run2.sh 2>&1 | \
   grep -v "^\[transformers\]\|UserWarning\|warnings.warn\|_warn_once\|RuntimeWarning\|study.ask" | tail -n 75
 echo "== compiled b1 traces"
 export PYTHONPATH="$PWD:/tmp/site" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU batch of 2026-12-01 (afternoon), one H200, < 9.5 minutes: the issue-15 kernel sweep over
 # the 8B and 27B-class decode linears (kernels15.sh, KERNELS15_SET=all, with balanced-rows twins
-# of the skinny candidates). The serving graph-safety tests run with the A/Bs (session2.sh
+# of the skinny candidates). The serving graph-safety tests run with the A/Bs (run2.sh
 # GPU_TESTS=tests/test_serving_gpu.py).
 set -u
 cd "$(dirname "$0")/../.."

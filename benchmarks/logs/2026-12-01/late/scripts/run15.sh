@@ -5,13 +5,13 @@
 #   2. Qwen3-8B batch 32: trace (tuner ab --trace-only), harvest, tuner search --family attention
 #      (SEARCH_S, default 40 s), rank, export with the saved gemm verdicts (GEMM_VERDICTS), then
 #      tuner ab --compile with that export (gemm + attention) and with the gemm export alone.
-# Usage: DEVICE_JSON=benchmarks/logs/2026-12-01/nvidia-h200.device.json bash scripts/gpu/session15.sh
+# Usage: DEVICE_JSON=benchmarks/logs/2026-12-01/nvidia-h200.device.json bash scripts/gpu/run15.sh
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOG="$OUT/session.log"; W=$(mktemp -d /tmp/s15.XXXXXX)
 SEARCH_S=${SEARCH_S:-40}
-GEMM_VERDICTS=${GEMM_VERDICTS:-benchmarks/logs/2026-12-01/late/session14a_verdicts_qwen3_8b-b32.parquet}
+GEMM_VERDICTS=${GEMM_VERDICTS:-benchmarks/logs/2026-12-01/late/14a_verdicts_qwen3_8b-b32.parquet}
 source scripts/gpu/setup.sh
 CFG=shapes/examples/models/qwen3_8b.json
 stamp "gpu tests: decode attention"
