@@ -72,7 +72,7 @@ def test_winner_numbers_worked_by_hand():
                                             default_us=4.40))])], threshold="0.5%")
     row = table.iloc[0]
     assert row["decision"] == "accept" and row["rank"] == 1
-    # saving per call 4.80 - 4.00 = 0.80 us; x 48 calls x hit rate 1 = 38.4 us per token;
+    # saving a call: 4.80 - 4.00 = 0.80 us; x 48 calls x hit rate 1 = 38.4 us per token;
     # 38.4 / 2198 = 1.747% of the step >= 0.5%
     assert row["saving_us_per_call"] == pytest.approx(0.80)
     assert row["saving_us_per_token"] == pytest.approx(38.4)

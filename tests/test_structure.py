@@ -326,11 +326,10 @@ import fnmatch  # noqa: E402  (the naming rule's imports, kept with it)
 import re  # noqa: E402
 import subprocess  # noqa: E402
 
-# A working session ("session" and its number), a device call ("call" and its number, not
-# "call 4.80 us") and an issue ("issue" and its number, or "#" and a number) say when or why a
-# thing was made; the tracked files outside benchmarks/logs/ say what it is. Log files keep the
-# names they were written under, and a path to one of them is an address, so a token that names a
-# file or folder under benchmarks/logs/ passes.
+# The word for a working session, a device call or an issue followed by its number (or "#" and a
+# number; a decimal time after the word for a call passes) says when or why a thing was made;
+# the tracked files outside benchmarks/logs/ say what it is. A token that names a file or folder
+# under benchmarks/logs/ is an address and passes.
 WHEN_MADE = re.compile(
     r"\bsessions?[ _-]?\d+"
     r"|\bcalls? \d+\b(?!\.\d)"
