@@ -108,14 +108,10 @@ def _sdpa_backend(name: str):
     return getattr(SDPBackend, name)
 
 
-def _row_mask(mask, batch: int, heads: int):
-    """SDPA's attn_mask for one query row as [batch|1, 1, 1, kv_len], or None; a per-head mask
-    (heads > 1 in dim 1) is returned as [.., heads, 1, kv_len] and cannot be packed."""
-    if mask is None:
-        return None
-    if mask.dim() == 3:  # [b|1, h|1, kv_len]: the family's own form
-        mask = mask.unsqueeze(2)
-    return mask
+def _row_mask(mask):
+    """SDPA's attn_mask for one query row: [b|1, h|1, kv_len] (the family's form) as
+    [b|1, h|1, 1, kv_len]; a 4-D mask or None as it is. A per-head mask cannot be packed."""
+    return mask.unsqueeze(2) if mask is not None and mask.dim() == 3 else mask
 
 
 def grouped_sdpa(inputs: dict, form: SDPAForm):
@@ -130,7 +126,7 @@ def grouped_sdpa(inputs: dict, form: SDPAForm):
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     b, h, d = q.shape
     kv_heads = k.shape[1]
-    mask = _row_mask(inputs.get("mask"), b, h)
+    mask = _row_mask(inputs.get("mask"))
     scale = inputs.get("scale")
     with sdpa_kernel([_sdpa_backend(form.backend)]):
         if form.layout == "packed":

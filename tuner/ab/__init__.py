@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..baselines import check_baseline, strongest_available
 from ..errors import NoGPUError, TunerError, info, warn
+from ..hardware import have_gpu
 from ..report import write_ab_report
 from .child import run_child
 from .harness import check_spec
@@ -62,12 +63,7 @@ def default_baselines(settings: ABSettings, gpu: bool) -> list[str]:
 
 
 def _have_gpu() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except ImportError:
-        return False
+    return have_gpu()
 
 
 def _export_dir(settings: ABSettings) -> str:
