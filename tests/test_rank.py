@@ -537,6 +537,16 @@ def test_rank_baseline_names_reach_the_gpu_measurement(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------- a damaged storage is one line
+def _damage(study, where: str, key: str, value) -> None:
+    """Set a study attribute (where == "study") or add a trial carrying one of the wrong kind."""
+    if where == "study":
+        study.set_user_attr(key, value)
+    else:
+        user = {"config": cfg(2), "median_us": 3.8, "parity": "exact", key: value}
+        study.add_trial(optuna.trial.create_trial(value=3.8, user_attrs=user, params={},
+                                                  distributions={}))
+
+
 DAMAGED_STUDY = [("shape", "m=4"), ("shape", [1, 2]), ("calls_per_step", "many"),
                  ("step_us", {"a": 1}), ("hit_rate", "x"), ("hit_rate", -1.0),
                  ("family", 7), ("default_config", [1]), ("phase", ["decode"])]
@@ -553,12 +563,7 @@ def test_rank_on_damaged_study_attributes_is_one_line(tmp_path, capsys, where, k
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     study = make_study(url, "m=4,n=4864,k=896,dtype=bfloat16", 48.0,
                        [(cfg(8), 4.0, "exact", "ok"), (cfg(4), 4.1, "exact", "ok")])
-    if where == "study":
-        study.set_user_attr(key, value)
-    else:
-        user = {"config": cfg(2), "median_us": 3.8, "parity": "exact", key: value}
-        study.add_trial(optuna.trial.create_trial(value=3.8, user_attrs=user, params={},
-                                                  distributions={}))
+    _damage(study, where, key, value)
     out = tmp_path / "verdicts"
     rc = main(["rank", "--storage", url, "--device", "nvidia-h200", "-o", str(out)])
     err = capsys.readouterr().err
@@ -603,12 +608,7 @@ def test_fuzzed_study_and_trial_attributes_are_one_line(tmp_path, capsys):
         url = f"sqlite:///{tmp_path / f'studies{i}.db'}"
         study = make_study(url, "m=4,n=4864,k=896,dtype=bfloat16", 48.0,
                            [(cfg(8), 4.0, "exact", "ok")])
-        if where == "study":
-            study.set_user_attr(key, value)
-        else:
-            user = {"config": cfg(2), "median_us": 3.8, "parity": "exact", key: value}
-            study.add_trial(optuna.trial.create_trial(value=3.8, user_attrs=user, params={},
-                                                      distributions={}))
+        _damage(study, where, key, value)
         rc = main(["rank", "--storage", url, "--device", "nvidia-h200", "-o",
                    str(tmp_path / "verdicts")])
         err = capsys.readouterr().err
