@@ -1,6 +1,6 @@
 """Triton kernel families and their registry.
 
-Every family module (gemv, gemm, attention) defines ``FAMILY = KernelFamily(...)``; the pipeline
+Every family module (gemv, gemm, attention, moe) defines ``FAMILY = KernelFamily(...)``; the pipeline
 (bench, parity, search, rank, export, serving) only ever talks to a family through it, so no stage
 special-cases one. Shared host-side helpers live in `kernels.common`, the byte / flop model in
 `kernels.cost`. This module imports neither torch nor triton (a family module does, when it is
@@ -22,6 +22,7 @@ FAMILY_MODULES = {
     "gemv": "kernels.gemv",
     "gemm": "kernels.gemm",
     "attention": "kernels.attention",
+    "moe": "kernels.moe",
 }
 
 _HERE = Path(__file__).resolve().parent

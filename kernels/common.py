@@ -199,7 +199,8 @@ class CompileReport:
     asm: str = ""  # PTX / AMDGCN text, only when asked for
 
 
-_TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+_TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+                    torch.int32: "i32", torch.int64: "i64"}
 
 
 def compile_call(call: KernelCall, target, with_asm: bool = False) -> CompileReport:

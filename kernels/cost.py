@@ -10,7 +10,8 @@ whether it comes from a ShapeTable row or a family's shape dict. Plain Python, n
 
 from __future__ import annotations
 
-__all__ = ["DTYPE_BYTES", "attention_cost", "dtype_bytes", "dtype_name", "gemm_cost"]
+__all__ = ["DTYPE_BYTES", "attention_cost", "dtype_bytes", "dtype_name", "gemm_cost",
+           "moe_cost", "touched_experts"]
 
 # Bytes per element for the dtype names a trace can carry (torch names, c10 names, short names).
 DTYPE_BYTES: dict[str, int] = {
@@ -48,3 +49,21 @@ def attention_cost(*, batch: int, heads: int, kv_heads: int, q_len: int, kv_len:
     batch = max(int(batch), 1)
     elements = 2 * batch * heads * q_len * head_dim + 2 * batch * kv_heads * kv_len * head_dim
     return int(elements * elem_bytes), 4 * batch * heads * q_len * kv_len * head_dim
+
+
+def touched_experts(m: int, experts: int, topk: int) -> float:
+    """Expected number of distinct experts m tokens pick, each topk distinct ones uniformly at
+    random: E · (1 - (1 - topk / E) ** m) (exactly topk for one token, all E as m grows)."""
+    experts = max(int(experts), 1)
+    return experts * (1.0 - (1.0 - min(int(topk), experts) / experts) ** max(int(m), 0))
+
+
+def moe_cost(*, m: int, experts: int, topk: int, hidden: int, inter: int,
+             elem_bytes: int = 2) -> tuple[int, int]:
+    """(bytes, flops) of the expert MLPs of one MoE block: x [m, hidden] read, the touched
+    experts' w1 [2 · inter, hidden] and w2 [hidden, inter] read once, out [m, hidden] written;
+    flops of both projections for the m · topk (token, expert) pairs. Routing ids and weights
+    (a few bytes a token) are left out."""
+    per_expert = 3 * int(inter) * int(hidden)
+    elements = 2 * int(m) * int(hidden) + touched_experts(m, experts, topk) * per_expert
+    return int(round(elements * elem_bytes)), 2 * int(m) * int(topk) * per_expert

@@ -211,6 +211,7 @@ SHAPE_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gemv": (("m", "n", "k", "dtype"), ("bias",)),
     "gemm": (("m", "n", "k", "dtype", "layout"), ("batch",)),
     "attention": (("batch", "heads", "kv_heads", "kv_len", "head_dim", "dtype"), ()),
+    "moe": (("m", "experts", "topk", "hidden", "inter", "dtype"), ()),
 }
 # Keys that say how the baseline was measured, not which call is served: accepted in a shape
 # dict (search and rank measure with them), never in an export's entries (`served_shape`).
@@ -283,6 +284,8 @@ def check_shape(family: str, shape) -> str:
             return f"{key}={value!r} is not a positive integer"
     if family == "attention" and shape["heads"] % shape["kv_heads"]:
         return f"heads {shape['heads']} is not a multiple of kv_heads {shape['kv_heads']}"
+    if family == "moe" and shape["topk"] > shape["experts"]:
+        return f"topk {shape['topk']} exceeds experts {shape['experts']}"
     repeated = shape.get("baseline_kv_heads")
     if family == "attention" and repeated is not None and not (
             repeated > shape["kv_heads"] and repeated % shape["kv_heads"] == 0
