@@ -145,6 +145,16 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
         # on the H200: slower than the best config on 8 of 9 8B shapes, by up to 2.7x, a tie
         # on the ninth; BENCHMARKS.md)
         base += [(skinny(256, 64, 64, 4, 4), 0), (skinny(256, 128, 64, 8, 3), 0)]
+    if m >= 512:
+        # prefill-sized m: the persistent tile scheduler (SCHEDULE 1, 2 with the epilogue in two
+        # halves) on the wgmma tiles of Triton's persistent matmul, descriptor loads, grouped
+        # order where there are row tiles to group; not measured on the H200 yet
+        group = 8 if cdiv(m, 128) > 8 else 1
+        base += [({**tiled(128, 256, 64, 8, 3, 1), "GROUP_M": group, "SCHEDULE": 2}, 0),
+                 ({**tiled(128, 256, 64, 8, 3, 1), "GROUP_M": group, "SCHEDULE": 1}, 0),
+                 ({**tiled(128, 128, 64, 8, 4, 1), "GROUP_M": group, "SCHEDULE": 1}, 0),
+                 ({**tiled(128, 128, 64, 4, 4, 1), "GROUP_M": group, "SCHEDULE": 2}, 0),
+                 ({**tiled(128, 256, 64, 8, 3, 0), "GROUP_M": group, "SCHEDULE": 1}, 0)]
     configs = []
     for c, splits in base:
         configs.append({"SPLIT_K": 1, **c})

@@ -16,8 +16,13 @@ result is deterministic, no atomics), num_warps, num_stages; on hip also waves_p
 matrix_instr_nonkdim, kpack (Triton HIP compile options, passed as launch keyword arguments);
 on cuda also TMA (read A and B through tensor descriptors, `gemm_tma_kernel`); SWAP_AB = 1 runs
 the swap-AB skinny kernel of kernels/skinny.py instead (decode batch sizes: the weight rows on the
-MMA's M side; TMA = 1 takes its descriptor form). Ragged m / n / k are handled with masks (or by
-the descriptors' zero fill).
+MMA's M side; TMA = 1 takes its descriptor form). SCHEDULE (prefill-sized m): 0 launches one
+program per output tile; 1 launches `gemm_persistent_kernel`, min(multiprocessors, tiles) programs
+that each walk tiles in grouped order (a persistent tile scheduler: no tail wave, tile setup
+amortised), with TMA = 1 reading through tensor descriptors where `tma_supported`; 2 is 1 with
+the epilogue subtiled (the accumulator stored as two halves along N). Persistent schedules are
+2-D only (batched shapes run the tiled kernel) and never split K. Ragged m / n / k are handled
+with masks (or by the descriptors' zero fill).
 
 Also here: `launch_plan` (the kernel calls of a config, also on meta tensors, which is how
 kernels.common compiles a config for a GPU target on a CPU host). Serving code reaches the
@@ -35,14 +40,18 @@ import triton.language as tl
 
 from kernels import COMMON_SOURCES, KernelFamily, format_shape_key, skinny
 from kernels.common import (DTYPES, KernelCall, launch_options, pow2_at_least,
-                            row_value, tensor_backend)
+                            row_value, sm_count, tensor_backend)
 from kernels.cost import gemm_cost
 
 __all__ = ["FAMILY", "LAYOUTS", "REDUCE_BLOCK", "baseline", "bytes_moved", "default_config",
-           "flops", "gemm_kernel", "gemm_tma_kernel", "launch", "launch_plan", "make_inputs",
-           "reference", "shape_from_row", "shape_key", "splitk_reduce_kernel", "tma_supported"]
+           "flops", "gemm_kernel", "gemm_persistent_kernel", "gemm_tma_kernel", "launch", "launch_plan", "make_inputs",
+           "reference", "SCHEDULES", "shape_from_row", "shape_key", "splitk_reduce_kernel", "tma_supported"]
 
 LAYOUTS = ("NN", "NT", "TN", "TT")
+# SCHEDULE: 0 one program per output tile (gemm_kernel / gemm_tma_kernel, split K, swap-AB);
+# 1 persistent (gemm_persistent_kernel: sm_count programs walk the tiles); 2 persistent with the
+# epilogue stored in two halves along N
+SCHEDULES = (0, 1, 2)
 REDUCE_BLOCK = 1024
 
 
@@ -162,6 +171,94 @@ def gemm_tma_kernel(
 
 
 @triton.jit
+def _tile_of(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of a tile id in grouped order: GROUP_M row-tiles down a column of tiles
+    before moving right (the order gemm_kernel's grid walks)."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def gemm_persistent_kernel(
+    a, b, c_ptr,
+    M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, TMA: tl.constexpr, B_IS_WEIGHT: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """Persistent tile scheduler for large m (prefill): grid = min(NUM_SMS, tiles) programs, each
+    walking the output tiles start, start + NUM_SMS, ... in grouped order, so one wave covers the
+    device and no tail wave of short-lived programs is launched. 2-D, no split K.
+
+    TMA: `a` / `b` are tensor descriptors (gemm_tma_kernel's: A [M, K] block [BLOCK_M, BLOCK_K];
+    the weight [N, K] block [BLOCK_N, BLOCK_K] with B_IS_WEIGHT, else B [K, N] block
+    [BLOCK_K, BLOCK_N]; out-of-range reads give zeros); otherwise pointers with strides, rows and
+    columns past M / N clamped to row / column 0 (read, never stored), K masked unless EVEN_K.
+    EPILOGUE_SUBTILE: the fp32 accumulator is converted and stored as two [BLOCK_M, BLOCK_N / 2]
+    halves (fewer live output registers at the store). Summation order per output element: the
+    same K tiles in the same order as gemm_kernel with SPLIT_K = 1.
+    """
+    start_pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    offs_k = tl.arange(0, BLOCK_K)
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS):
+        pid_m, pid_n = _tile_of(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if TMA:
+            for t in range(k_tiles):
+                x = a.load([off_m, t * BLOCK_K])
+                if B_IS_WEIGHT:
+                    w = b.load([off_n, t * BLOCK_K]).T
+                else:
+                    w = b.load([t * BLOCK_K, off_n])
+                acc = tl.dot(x, w, acc)
+        else:
+            rows = off_m + tl.arange(0, BLOCK_M)
+            cols = off_n + tl.arange(0, BLOCK_N)
+            rows = tl.where(rows < M, rows, 0)
+            cols = tl.where(cols < N, cols, 0)
+            a_ptrs = a + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+            b_ptrs = b + offs_k[:, None] * stride_bk + cols[None, :] * stride_bn
+            for t in range(k_tiles):
+                if EVEN_K:
+                    x = tl.load(a_ptrs)
+                    w = tl.load(b_ptrs)
+                else:
+                    k_left = K - t * BLOCK_K
+                    x = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                    w = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+                acc = tl.dot(x, w, acc)
+                a_ptrs += BLOCK_K * stride_ak
+                b_ptrs += BLOCK_K * stride_bk
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        mask_m = offs_m[:, None] < M
+        if EPILOGUE_SUBTILE:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            offs_n = off_n + tl.arange(0, BLOCK_N // 2)
+            c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+            tl.store(c_ptrs, left.to(c_ptr.dtype.element_ty), mask=mask_m & (offs_n[None, :] < N))
+            offs_n += BLOCK_N // 2
+            c_ptrs += (BLOCK_N // 2) * stride_cn
+            tl.store(c_ptrs, right.to(c_ptr.dtype.element_ty), mask=mask_m & (offs_n[None, :] < N))
+        else:
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & (offs_n[None, :] < N))
+
+
+@triton.jit
 def splitk_reduce_kernel(ws_ptr, c_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     """out[b, i] = sum over s of ws[b, s, i], in a fixed order (deterministic). grid=(cdiv(MN, BLOCK), batch)."""
     pid = tl.program_id(0)
@@ -252,6 +349,9 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
         workspace = torch.empty((batch * split_k, m, n), device=a.device, dtype=torch.float32)
     target, stride_cs = (out, 0) if workspace is None else (workspace, m * n)
 
+    schedule = int(config.get("SCHEDULE", 0))
+    if schedule not in SCHEDULES:
+        raise ValueError(f"gemm SCHEDULE must be one of {SCHEDULES}, not {schedule}")
     use_tma = int(config.get("TMA", 0)) == 1 and (backend or tensor_backend(a)) in ("cuda", "cpu")
     b_is_weight = b.dim() == 2 and b.stride(0) == 1  # the [k, n] view of a row-major [n, k] weight
     if int(config.get("SWAP_AB", 0)) == 1 and a.dim() == 2 and b.dim() == 2:
@@ -262,14 +362,20 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
             split_k=split_k, use_tma=use_tma, options=opts, stride_cs=stride_cs, stride_cm=n,
             balance=int(config.get("BALANCE_N", 0)) == 1)
         calls = [KernelCall(kernel, sk_grid, args, sk_meta, sk_opts)]
+    elif schedule != 0 and a.dim() == 2 and b.dim() == 2:
+        if split_k != 1:
+            raise ValueError(f"gemm SCHEDULE={schedule} (persistent) runs without split K, "
+                             f"not SPLIT_K={split_k}")
+        tma = use_tma and tma_supported(a, b)
+        x, w = _descriptors(a, b, block_m, block_n, block_k) if tma else (a, b)
+        programs = min(sm_count(a.device), grid[0])
+        p_meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
+                      NUM_SMS=programs, TMA=tma, B_IS_WEIGHT=b_is_weight,
+                      EPILOGUE_SUBTILE=schedule == 2, EVEN_K=k % block_k == 0)
+        args = (x, w, out, m, n, k, sam, sak, sbk, sbn, n, 1)
+        calls = [KernelCall(gemm_persistent_kernel, (programs,), args, p_meta, opts)]
     elif use_tma and tma_supported(a, b):
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, block_k])
-        if b_is_weight:
-            b_desc = TensorDescriptor(b, [n, k], [b.stride(1), 1], [block_n, block_k])
-        else:
-            b_desc = TensorDescriptor(b, [k, n], [b.stride(0), 1], [block_k, block_n])
+        a_desc, b_desc = _descriptors(a, b, block_m, block_n, block_k)
         tma_meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
                         SPLIT_K=split_k, B_IS_WEIGHT=b_is_weight)
         args = (a_desc, b_desc, target, m, n, k, stride_cs, n, 1)
@@ -283,6 +389,18 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
                                 (workspace, out, m * n), dict(SPLIT_K=split_k, BLOCK=REDUCE_BLOCK),
                                 {"num_warps": 4}))
     return out, calls
+
+
+def _descriptors(a: torch.Tensor, b: torch.Tensor, block_m: int, block_n: int, block_k: int):
+    """Host-side tensor descriptors of A [m, k] and B (the weight [n, k] when b is the [k, n]
+    view of a row-major weight, else row-major [k, n]); `tma_supported(a, b)` holds."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    (m, k), n = a.shape, b.shape[1]
+    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, block_k])
+    if b.stride(0) == 1:
+        return a_desc, TensorDescriptor(b, [n, k], [b.stride(1), 1], [block_n, block_k])
+    return a_desc, TensorDescriptor(b, [k, n], [b.stride(0), 1], [block_k, block_n])
 
 
 def tma_supported(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -329,7 +447,7 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
         split_k *= 2
     config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
               "GROUP_M": 8 if tiles_m > 8 else 1, "SPLIT_K": split_k, "SWAP_AB": 0,
-              "num_warps": warps, "num_stages": 2 if hip else 3}
+              "SCHEDULE": 0, "num_warps": warps, "num_stages": 2 if hip else 3}
     if hip:
         config.update({"waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1})
     else:
@@ -342,7 +460,7 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
         wide, block_m = n >= 12288, max(16, pow2_at_least(m))
         block_k = 256 if not wide and n > 1024 and block_m <= 32 else 128
         config = {"BLOCK_M": block_m, "BLOCK_N": 128 if wide else 64, "BLOCK_K": block_k,
-                  "GROUP_M": 1, "SPLIT_K": 4 if n <= 1024 else 1, "SWAP_AB": 1, "TMA": 1,
+                  "GROUP_M": 1, "SPLIT_K": 4 if n <= 1024 else 1, "SWAP_AB": 1, "TMA": 1, "SCHEDULE": 0,
                   "num_warps": 4, "num_stages": 4 if wide or block_k == 256 else 6}
     config["BALANCE_N"] = 0  # the measured winners above; balanced rows are a search knob
     return config

@@ -247,7 +247,7 @@ def test_skinny_balanced_rows_give_the_same_bytes(tma):
 def test_swap_ab_in_the_spaces():
     shape = {"m": 32, "n": 14336, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
     config = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 1,
-              "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "TMA": 1, "BALANCE_N": 1}
+              "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "TMA": 1, "BALANCE_N": 1, "SCHEDULE": 0}
     cuda = space_for("gemm", "cuda")
     assert cuda.check(config, shape) == ""
     assert cuda.check({**config, "SWAP_AB": 0, "BLOCK_K": 64}, shape) != ""  # balance: skinny only
@@ -265,3 +265,69 @@ def test_swap_ab_in_the_spaces():
     for backend in ("cuda", "hip", "dcu"):
         assert gemm.default_config(shape, backend)["SWAP_AB"] == (1 if backend == "cuda" else 0)
         assert space_for("gemm", backend).check(gemm.default_config(shape, backend), shape) == ""
+
+
+# ------------------------------------------------- SCHEDULE, the persistent tile scheduler
+@pytest.mark.parametrize("layout", ["NT", "NN", "TN"])
+@pytest.mark.parametrize("tma", [0, 1])
+def test_persistent_schedule_walks_every_tile(monkeypatch, layout, tma):
+    # 2 "multiprocessors": 2 programs walk the 3 x 3 tiles of a ragged 40 x 72 x 40 output (odd
+    # k: masked K tiles on the pointer path, zero-filled ones through descriptors). The output
+    # is poisoned first, so an unvisited tile shows; the summation order is the tiled kernel's
+    # with the same tile (SPLIT_K 1), so under the interpreter the bytes are the same, and the
+    # subtiled epilogue (SCHEDULE 2) writes the same bytes as the whole-tile one.
+    monkeypatch.setattr(gemm, "sm_count", lambda device=None: 2)
+    shape = {"m": 40, "n": 72, "k": 40, "dtype": "bfloat16", "layout": layout}
+    inputs = gemm.make_inputs(shape, "cpu", seed=11)
+    tiled = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "SPLIT_K": 1, "TMA": tma}
+    written = {}
+    for schedule in (1, 2):
+        config = {**tiled, "SCHEDULE": schedule}
+        _, calls = gemm.launch_plan(inputs, config)
+        (call,) = calls
+        assert call.kernel is gemm.gemm_persistent_kernel and call.grid == (2,)
+        assert call.constexprs["TMA"] == (tma == 1 and layout != "TN")  # TN: A is no row-major [m, k]
+        assert call.constexprs["EPILOGUE_SUBTILE"] == (schedule == 2)
+        out = torch.full((40, 72), float("nan"), dtype=torch.bfloat16)
+        gemm.launch(inputs, config, out=out)
+        assert not torch.isnan(out).any()
+        assert rel_err(out, gemm.reference(inputs)) < TOLERANCE["bfloat16"]
+        written[schedule] = digest(out)
+    assert written[1] == written[2] == digest(gemm.launch(inputs, {**tiled, "SCHEDULE": 0}))
+
+
+def test_persistent_schedule_grid_edges_and_refusals():
+    # More multiprocessors (132 on the CPU) than tiles: one program per tile, never an idle one.
+    shape = {"m": 32, "n": 64, "k": 32, "dtype": "float16", "layout": "NT"}
+    inputs = gemm.make_inputs(shape, "cpu", seed=12)
+    config = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "SPLIT_K": 1, "SCHEDULE": 1}
+    _, (call,) = gemm.launch_plan(inputs, config)
+    assert call.grid == (4,) and call.constexprs["EVEN_K"]
+    assert rel_err(gemm.launch(inputs, config), gemm.reference(inputs)) < TOLERANCE["float16"]
+    with pytest.raises(ValueError, match="without split K"):
+        gemm.launch_plan(inputs, {**config, "SPLIT_K": 2})
+    with pytest.raises(ValueError, match="SCHEDULE must be one of"):
+        gemm.launch_plan(inputs, {**config, "SCHEDULE": 3})
+    # batched (bmm) shapes keep the tiled kernel
+    bmm = gemm.make_inputs({**shape, "batch": 2, "layout": "NN"}, "cpu", seed=12)
+    _, calls = gemm.launch_plan(bmm, config)
+    assert calls[0].kernel is gemm.gemm_kernel
+
+
+def test_persistent_schedule_in_the_spaces():
+    shape = {"m": 4096, "n": 4096, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
+    config = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1,
+              "SWAP_AB": 0, "BALANCE_N": 0, "SCHEDULE": 2, "TMA": 1, "num_warps": 8, "num_stages": 3}
+    cuda = space_for("gemm", "cuda")
+    assert cuda.check(config, shape) == ""
+    assert cuda.check({**config, "SPLIT_K": 2}, shape) != ""  # persistent: no split K
+    assert cuda.check({**config, "BLOCK_N": 32, "num_warps": 4}, shape) != ""  # halves < 32 columns
+    assert cuda.check({**config, "SCHEDULE": 1, "BLOCK_N": 32, "num_warps": 4}, shape) == ""
+    assert not cuda.allows(config, {**shape, "m": 64})  # prefill-sized m only
+    assert "SCHEDULE" in cuda.order_params
+    for backend in ("hip", "dcu"):  # the persistent path on AMD: pointer loads, no TMA parameter
+        space = space_for("gemm", backend)
+        assert "TMA" not in space.params and space.params["SCHEDULE"] == [0, 1, 2]
+        amd = {**{k: v for k, v in config.items() if k != "TMA"}, "BLOCK_N": 128, "BLOCK_K": 32,
+               "num_stages": 2, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1}
+        assert space.check(amd, shape) == ""

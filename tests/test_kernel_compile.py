@@ -34,13 +34,13 @@ SHAPES = {
 SAMPLES = {"cuda": 2, "hip": 2, "dcu": 1}  # random kept configs per shape, plus the default
 
 BIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8, "num_stages": 5,
-       "BALANCE_N": 0}
+       "BALANCE_N": 0, "SCHEDULE": 0}
 LDS = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8,
-       "num_stages": 3, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1, "BALANCE_N": 0}
+       "num_stages": 3, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1, "BALANCE_N": 0, "SCHEDULE": 0}
 SPILLING = {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8, "num_stages": 3,
-            "BALANCE_N": 0}
+            "BALANCE_N": 0, "SCHEDULE": 0}
 TMA = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8,
-       "num_stages": 4, "TMA": 1, "BALANCE_N": 0}
+       "num_stages": 4, "TMA": 1, "BALANCE_N": 0, "SCHEDULE": 0}
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,6 +148,46 @@ def test_tma_configs_compile_for_sm90(compiled):
         assert gemm_smem_estimate(TMA) < report.shared <= gemm_smem_estimate(TMA) + 1024
 
 
+# ------------------------------------------------- SCHEDULE, the persistent tile scheduler
+PERSISTENT = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0,
+              "num_warps": 8, "num_stages": 3, "BALANCE_N": 0}
+
+
+def test_persistent_configs_compile_for_sm90_and_gfx942():
+    """SCHEDULE 1 / 2 (the persistent kernel, the subtiled epilogue) for sm90, with descriptor
+    loads (cp.async.bulk.tensor) for TMA = 1 on NT and NN and pointer loads for TMA = 0, all wgmma;
+    for gfx942 with pointer loads only (no TMA on hip); a ragged shape takes the masked K loop.
+    No spills; shared memory / LDS within the space's estimate (+ 1 KB for the barriers)."""
+    big, ragged = SHAPES["gemm"][0], {**SHAPES["gemm"][0], "m": 1100, "k": 4000}
+    cuda = space_for("gemm", "cuda")
+    jobs = [(big, {**PERSISTENT, "SCHEDULE": s, "TMA": t}) for s in (1, 2) for t in (0, 1)]
+    jobs += [({**big, "layout": "NN"}, {**PERSISTENT, "SCHEDULE": 2, "TMA": 1}),
+             (ragged, {**PERSISTENT, "SCHEDULE": 1, "TMA": 0, "BLOCK_N": 128, "num_stages": 4})]
+    for (shape, config), row in zip(jobs, compile_configs("gemm", jobs, TARGETS["cuda"], with_asm=True)):
+        assert cuda.allows(config, shape), config
+        assert not isinstance(row, str), (config, row)
+        (main,) = row
+        print(f"cuda gemm {main.kernel:24} regs={main.n_regs:3} spills={main.n_spills} "
+              f"shared={main.shared:6} {shape['layout']} {config}")
+        assert main.kernel == "gemm_persistent_kernel" and main.n_spills == 0
+        assert "wgmma.mma_async" in main.asm
+        assert ("cp.async.bulk.tensor" in main.asm) == bool(config["TMA"])
+        assert gemm_smem_estimate(config) <= main.shared <= gemm_smem_estimate(config) + 1024
+    hip = space_for("gemm", "hip")
+    amd = {**PERSISTENT, "BLOCK_N": 128, "BLOCK_K": 32, "num_stages": 2, "waves_per_eu": 0,
+           "matrix_instr_nonkdim": 16, "kpack": 1}
+    jobs = [(big, {**amd, "SCHEDULE": 1}), (big, {**amd, "SCHEDULE": 2}),
+            (ragged, {**amd, "SCHEDULE": 2})]
+    for (shape, config), row in zip(jobs, compile_configs("gemm", jobs, TARGETS["hip"])):
+        assert hip.allows(config, shape), config
+        assert not isinstance(row, str), (config, row)
+        (main,) = row
+        print(f"hip  gemm {main.kernel:24} regs={main.n_regs:3} spills={main.n_spills} "
+              f"shared={main.shared:6} {config}")
+        assert main.kernel == "gemm_persistent_kernel" and main.n_spills == 0
+        assert 0 < main.shared <= SHARED_LIMIT["hip"]
+
+
 # ----------------------------------------------------------- SWAP_AB, the skinny decode kernel
 SKINNY_SHAPES = [{"m": m, "n": n, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
                  for m, n in ((16, 14336), (32, 6144), (128, 4096), (256, 28672))]
@@ -159,7 +199,7 @@ SKINNY_CUDA = [  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, TMA)
 
 def _skinny(bm, bn, bk, w, s, tma):
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "SWAP_AB": 1,
-            "num_warps": w, "num_stages": s, "TMA": tma, "BALANCE_N": 0}
+            "num_warps": w, "num_stages": s, "TMA": tma, "BALANCE_N": 0, "SCHEDULE": 0}
 
 
 def test_skinny_configs_are_wgmma_fed_by_tma_on_sm90():

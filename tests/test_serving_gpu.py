@@ -24,13 +24,13 @@ ROOT = Path(__file__).resolve().parent.parent
 LINEARS = [(4096, 4096), (4096, 12288), (12288, 4096), (4096, 1024)]  # chained: out -> next in
 GEMM_CONFIGS = [
     {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 2, "TMA": 1,
-     "SWAP_AB": 0, "num_warps": 4, "num_stages": 4, "BALANCE_N": 0},
+     "SWAP_AB": 0, "num_warps": 4, "num_stages": 4, "BALANCE_N": 0, "SCHEDULE": 0},
     {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 1, "TMA": 0,
-     "SWAP_AB": 0, "num_warps": 4, "num_stages": 4, "BALANCE_N": 0},
+     "SWAP_AB": 0, "num_warps": 4, "num_stages": 4, "BALANCE_N": 0, "SCHEDULE": 0},
     {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "SPLIT_K": 8, "TMA": 0,
-     "SWAP_AB": 0, "num_warps": 4, "num_stages": 3, "BALANCE_N": 0},
+     "SWAP_AB": 0, "num_warps": 4, "num_stages": 3, "BALANCE_N": 0, "SCHEDULE": 0},
     {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "SPLIT_K": 1, "TMA": 1,
-     "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "BALANCE_N": 1},  # skinny, balanced rows
+     "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "BALANCE_N": 1, "SCHEDULE": 0},  # skinny, balanced rows
 ]
 # the gemv skinny kernel with balanced rows (m = 2..8)
 GEMV_BALANCED = {"ROWS_PER_BLOCK": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4,
