@@ -5,8 +5,13 @@ Layout (DESIGN.md "Export")::
     artifacts/export/<device key>/<family>.json     configs keyed by shape key
     artifacts/export/<device key>/manifest.json     what is there, with hashes; written last
     artifacts/export/<device key>/vllm/<family>/N=..,K=..,device_name=..,dtype=...json
-                                                    (--format vllm: {"M": config}, like vLLM's
-                                                     fused_moe / w8a8 tuned-config files)
+                                                    (--format vllm, gemv / gemm: {"M": config},
+                                                     like vLLM's w8a8 tuned-config files)
+    artifacts/export/<device key>/vllm/moe/E=..,N=..,device_name=...json
+    artifacts/export/<device key>/sglang/moe/triton_<x_y_z>/E=..,N=..,device_name=...json
+                                                    (--format vllm / sglang, moe: the fused MoE
+                                                     tuned-config files those engines read,
+                                                     named and keyed as they are; `engine_moe_documents`)
 
 A family file carries the device name and arch, backend, torch and triton versions, the kernel
 source hash, the compile options that change numerics (Triton's FP fusion), the parity mode and the
@@ -39,11 +44,19 @@ from .hardware import DCU_ARCHS
 from .runtime import EXPORT_FORMAT, EXPORT_ROOT, device_key_for
 from .tables import atomic_write_bytes, check_output_dir, remove_stale_temps
 
-__all__ = ["DCU_ARCHS", "MEASURED_FIELDS", "VLLM_FAMILIES", "accepted", "atomic_write_json",
-           "atomic_write_text", "export", "family_document", "load_verdicts", "row_problem",
-           "run_cli", "summary_lines", "valid_rows", "vllm_documents"]
+__all__ = ["DCU_ARCHS", "ENGINES", "FORMATS", "MEASURED_FIELDS", "VLLM_FAMILIES", "accepted",
+           "atomic_write_json", "atomic_write_text", "engine_device_name",
+           "engine_moe_documents", "export", "family_document", "load_verdicts",
+           "moe_config_file_name", "row_problem", "run_cli", "summary_lines", "valid_rows",
+           "vllm_documents"]
 
 VLLM_FAMILIES = ("gemv", "gemm")
+ENGINES = ("vllm", "sglang")  # serving engines whose fused MoE config files `export` writes
+FORMATS = ("native", *ENGINES)
+# The keys of a config in the engines' fused MoE files (kernels.moe.ENGINE_KEYS; not imported:
+# it pulls in triton)
+MOE_ENGINE_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
+                   "num_stages")
 MEASURED_FIELDS = ("baseline_us", "candidate_us", "default_us", "speedup", "speedup_low",
                    "speedup_high", "speedup_vs_default", "noise_pct", "saving_us_per_call",
                    "calls_per_step", "hit_rate", "saving_us_per_token", "share_of_step",
@@ -218,6 +231,68 @@ def vllm_documents(doc: dict) -> dict[str, dict]:
             for name, ms in files.items()}
 
 
+def engine_device_name(name: str, engine: str) -> str:
+    """The device_name part of an engine's MoE config file name: torch.cuda.get_device_name()
+    with spaces replaced by underscores; vLLM also names every H200 variant 'NVIDIA_H200'."""
+    device = str(name).replace(" ", "_")
+    if engine == "vllm" and "H200" in device.split("_"):
+        device = "NVIDIA_H200"
+    return _safe_name(device)
+
+
+def moe_config_file_name(experts: int, inter: int, device_name: str,
+                         dtype: str | None = None) -> str:
+    """'E={E},N={N},device_name={device}[,dtype={dtype}].json', both engines' get_config_file_name
+    for an unquantised MoE (dtype None for bf16 / fp16: their config dtype string is then None;
+    no block_shape: that is for block-quantised weights)."""
+    selector = f",dtype={dtype}" if dtype else ""
+    return f"E={int(experts)},N={int(inter)},device_name={device_name}{selector}.json"
+
+
+def engine_moe_documents(doc: dict, engine: str) -> dict[str, dict]:
+    """{path under <device>/<engine>/moe/: {"m": config}} for a moe export: one file per (E, N),
+    keys the token counts the verdicts measured (ascending), values the six keys the engines'
+    kernel reads. SGLang looks in a triton_<version> folder. Entries the engines' kernel cannot
+    run (SPLIT_K > 1) are left out with a warning; bf16 and fp16 share a file name, bf16 wins."""
+    if engine not in ENGINES:
+        raise TunerError(f"unknown engine {engine!r}; expected {' or '.join(ENGINES)}")
+    device = engine_device_name(doc["device"]["name"], engine)
+    folder = ""
+    if engine == "sglang":
+        folder = "triton_" + _safe_name(str(doc["versions"]["triton"]).replace(".", "_")) + "/"
+    entries = sorted(doc["configs"].values(),
+                     key=lambda e: (e["shape"].get("dtype") != "bfloat16", e["shape"]["m"]))
+    files: dict[str, dict] = {}
+    owner: dict[tuple, dict] = {}
+    for entry in entries:
+        shape, config = entry["shape"], entry["config"]
+        if int(config.get("SPLIT_K", 1)) != 1:
+            warn(f"{engine} moe file: leaving out {shape} (SPLIT_K {config['SPLIT_K']}: the "
+                 f"engine's fused MoE kernel has no K split)")
+            continue
+        name = folder + moe_config_file_name(shape["experts"], shape["inter"], device)
+        slot = (name, int(shape["m"]))
+        if slot in owner:
+            warn(f"{engine} moe file {name}: m={shape['m']} of {shape} shares the key of "
+                 f"{owner[slot]} (the file name has E and N only); keeping the latter")
+            continue
+        owner[slot] = shape
+        files.setdefault(name, {})[str(int(shape["m"]))] = {k: int(config[k])
+                                                            for k in MOE_ENGINE_KEYS}
+    return {name: dict(sorted(ms.items(), key=lambda kv: int(kv[0])))
+            for name, ms in files.items()}
+
+
+def _format_files(doc: dict, family: str, fmt: str) -> dict[str, dict]:
+    """{path under <device>/: data} of one engine format for one family's document."""
+    if family == "moe":
+        return {f"{fmt}/moe/{name}": data for name, data in engine_moe_documents(doc, fmt).items()}
+    if fmt == "vllm" and family in VLLM_FAMILIES:
+        return {f"vllm/{family}/{name}": data for name, data in vllm_documents(doc).items()}
+    warn(f"--format {fmt} does not fit family {family} (no m-keyed file of that engine); skipped")
+    return {}
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -227,8 +302,8 @@ def export(verdicts: pd.DataFrame, *, out_root: str | Path = EXPORT_ROOT,
            check_kernel_hash: bool = True) -> list[Path]:
     """Write the accepted configs; returns the paths written (manifests last)."""
     for fmt in formats:
-        if fmt not in ("native", "vllm"):
-            raise TunerError(f"unknown export format {fmt!r}; expected native or vllm")
+        if fmt not in FORMATS:
+            raise TunerError(f"unknown export format {fmt!r}; expected {', '.join(FORMATS)}")
     root = check_output_dir(out_root, "-o")
     rows = accepted(verdicts, family)
     what = f" for family {family}" if family else ""
@@ -256,13 +331,12 @@ def export(verdicts: pd.DataFrame, *, out_root: str | Path = EXPORT_ROOT,
                 "kernel_hash": doc["kernel_hash"], "parity_mode": doc["parity_mode"],
                 "compile_options": doc["compile_options"], "created_at": doc["created_at"],
             }
-            if "vllm" in formats:
-                if fam not in VLLM_FAMILIES:
-                    warn(f"--format vllm does not fit family {fam} (no M-keyed layout); skipped")
-                else:
-                    for name, data in vllm_documents(doc).items():
-                        written.append(atomic_write_json(
-                            _inside(root, directory / "vllm" / fam / name), data))
+            for fmt in (f for f in formats if f in ENGINES):
+                for name, data in _format_files(doc, fam, fmt).items():
+                    # keys in ascending m, not sorted as text: the engines take the first of two
+                    # equally near keys in file order
+                    written.append(atomic_write_text(_inside(root, directory / name),
+                                                     json.dumps(data, indent=2) + "\n"))
             manifest["device"] = doc["device"]
             manifest["versions"] = doc["versions"]
         manifest["format"] = EXPORT_FORMAT
@@ -295,8 +369,9 @@ def summary_lines(paths: list[Path]) -> list[str]:
     for p in paths:
         if p.name == "manifest.json":
             out.append(f"  {p}")
-        elif p.parent.parent.name == "vllm":
-            out.append(f"  {p} (vLLM layout)")
+        elif any(engine in p.parts[-4:-1] for engine in ENGINES):
+            engine = next(e for e in ENGINES if e in p.parts[-4:-1])
+            out.append(f"  {p} ({'vLLM' if engine == 'vllm' else 'SGLang'} layout)")
         else:
             try:
                 n = len(json.loads(p.read_text())["configs"])

@@ -154,9 +154,12 @@ def _add_export(sub) -> None:
     p.add_argument("verdicts", nargs="*",
                    help="verdict parquet files (default: every *.parquet under artifacts/verdicts)")
     family_flag(p, default=None, what="export only this family")
-    p.add_argument("--format", choices=("native", "vllm"), default="native",
+    p.add_argument("--format", choices=("native", "vllm", "sglang"), default="native",
                    help="native (default): <family>.json per device; vllm: also write vLLM-style "
-                   "N=..,K=..,device_name=..,dtype=...json files keyed by M (gemv, gemm)")
+                   "N=..,K=..,device_name=..,dtype=...json files keyed by M (gemv, gemm) and "
+                   "vLLM's fused MoE files E=..,N=..,device_name=...json (moe); sglang: also "
+                   "SGLang's fused MoE files under triton_<version>/ (moe). See "
+                   "docs/rank_export.md")
     p.add_argument("-o", "--output", metavar="DIR", default="artifacts/export",
                    help="export root (default artifacts/export)")
     p.add_argument("--no-kernel-check", action="store_true",
@@ -168,7 +171,7 @@ def _add_export(sub) -> None:
 def cmd_export(args) -> int:
     from .. import export
 
-    formats = ("native", "vllm") if args.format == "vllm" else ("native",)
+    formats = ("native",) if args.format == "native" else ("native", args.format)
     export.run_cli(args.verdicts, family=args.family, formats=formats, out_root=args.output,
                    check_kernel_hash=not args.no_kernel_check)
     return 0
