@@ -329,3 +329,79 @@ def test_the_trace_only_hint_names_the_models_kv_heads(tmp_path):
     assert ab._kv_heads_flag(("hf", str(mha))) == ""
     assert ab._kv_heads_flag(("hf", str(tmp_path / "missing.json"))) == ""
     assert ab._kv_heads_flag(("callable", "x.py:Step")) == ""
+
+
+# --------------------------------------------------- --phase prefill / mixed (tuner.ab.harness)
+TINY_LLAMA = HERE / "fixtures" / "ab" / "tiny_llama_gqa.json"
+
+
+@pytest.fixture
+def prefill_export(monkeypatch, tmp_path):
+    """An export for the tiny Llama's k / v projections at m = 12 (a 12-token prompt)."""
+    from test_serving import IDENTITY, write_export
+
+    monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
+    monkeypatch.delenv("TUNER_EXPORT_DIR", raising=False)
+    runtime.reset()
+    write_export(tmp_path / "export",
+                 [("gemm", {"m": 12, "n": 128, "k": 256, "dtype": "bfloat16", "layout": "NT"})])
+    yield tmp_path / "export" / "nvidia-h200"
+    runtime.reset()
+
+
+@pytest.mark.parametrize("phase", ["prefill", "mixed"])
+def test_the_prefill_and_mixed_steps_run_every_arm_on_the_cpu(prefill_export, tmp_path, phase):
+    pytest.importorskip("transformers")
+    settings = ABSettings(batch=1, prompt=4, steps=2, groups=2, replays=1, device="cpu",
+                          export_dir=str(prefill_export), out_dir=str(tmp_path / "ab"),
+                          families=("gemm",), profile=False, phase=phase, prompt_tokens=12)
+    data = measure(("hf", str(TINY_LLAMA)), settings)
+    assert set(data["group_us"]) == {"baseline", "tuned", "aa"}
+    # the tuned step's 12-token linears ran the exported Triton config (both layers' k and v)
+    hits = data["serving"]["hits"]["gemm"]
+    assert hits and all(key.startswith("m=12,n=128,k=256") for key in hits)
+    forced = data["outputs"]["teacher_forced"]
+    assert forced["aa"] == forced["baseline"]
+    rows = 2 if phase == "mixed" else 1  # mixed: the decode sequence, then the chunk
+    assert all(len(step) == rows for step in data["reference_tokens"])
+    assert len(data["reference_tokens"]) == 2 and len(forced["tuned"]["error"]) == 2
+    v = abv.decide(data, label="tiny")
+    assert v.outputs["error_ratio"] < 1.25
+
+
+def test_the_prefill_step_slides_its_prompt_window():
+    pytest.importorskip("transformers")
+    import torch
+
+    from tuner.ab.harness import HFPrefill, hf_factory, make_harness, phase_harness
+
+    base = make_harness(hf_factory(TINY_LLAMA), batch=2, prompt=4, steps=2, dtype=torch.float32,
+                        device="cpu")
+    step = phase_harness(base, "prefill", 6)
+    assert isinstance(step, HFPrefill) and step.window.shape == (2, 6)
+    first = step.prefill()
+    assert torch.equal(step.decode(), first)  # a replayed step rewrites the same cache slots
+    window = step.window.clone()
+    step.feed(torch.tensor([7, 8]))
+    assert torch.equal(step.window[:, :-1], window[:, 1:]) and step.window[:, -1].tolist() == [7, 8]
+    assert not torch.equal(step.decode(), first)
+    step.prefill()
+    assert torch.equal(step.window, window)
+
+
+def test_phase_usage_errors_and_the_plan(capsys):
+    assert main(["ab", TINY, "--phase", "prefill"]) == 2
+    assert "--phase prefill needs --hf-config" in capsys.readouterr().err
+    assert main(["ab", "--hf-config", str(TINY_LLAMA), "--phase", "mixed", "--prompt-tokens", "0"]) == 2
+    assert "--prompt-tokens must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ab", "--hf-config", str(TINY_LLAMA), "--phase", "chunked"])
+    assert exit_info.value.code == 2
+    capsys.readouterr()
+    if ab._have_gpu():
+        return
+    assert main(["ab", "--hf-config", str(TINY_LLAMA), "--phase", "prefill", "--prompt-tokens", "512"]) == 2
+    out = capsys.readouterr().out
+    assert "capture its prefill step (the first forward of a 512-token prompt)" in out
+    assert main(["ab", "--hf-config", str(TINY_LLAMA), "--phase", "mixed"]) == 2
+    assert "decode step plus one 2048-token prefill chunk" in capsys.readouterr().out

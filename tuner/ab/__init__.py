@@ -1,5 +1,8 @@
 """`tuner ab`: does the projected saving show up in the model's own decode step?
 
+(`--phase prefill|mixed`: the same A/B of the first forward of a P-token prompt, or of the
+chunked-prefill step: the decode batch plus one P-token chunk; tuner.ab.harness.)
+
 A projection is a hypothesis. `tuner ab` builds the model (MODULE:CALLABLE, or a transformers
 config with random weights), captures its decode step over a static KV cache as one CUDA/HIP
 graph three ways in one process — baseline, tuned (tuner.serving with the export) and baseline
@@ -29,7 +32,7 @@ from .harness import check_spec
 from .measure import ABSettings, compile_backend, step_baseline
 from .verdict import EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, summary_lines
 
-__all__ = ["ABSettings", "ABVerdict", "AB_DIR", "default_baselines", "linear_floors",
+__all__ = ["ABSettings", "ABVerdict", "AB_DIR", "check_phase", "default_baselines", "linear_floors",
            "plan_lines", "projected_savings", "run"]
 
 AB_DIR = Path("artifacts") / "ab"
@@ -48,10 +51,38 @@ def plan_lines(spec: tuple[str, str], batches: list[int], settings: ABSettings,
     names = baselines or [step_baseline(settings)]
     return [f"tuner ab would build {what} (dtype {settings.dtype}, prompt {settings.prompt}) at "
             f"batch {', '.join(map(str, batches))}, against the baseline "
-            f"{' and '.join(names)} (each its own A/B), capture its decode step as a CUDA/HIP "
+            f"{' and '.join(names)} (each its own A/B), capture its {_step_words(settings)} as a CUDA/HIP "
             f"graph three ways (baseline, tuned with {export}, A/A), decode {settings.steps} steps "
             f"per arm against an fp32 reference, time {settings.groups} x {settings.replays} "
             f"replays per arm and profile each arm for the per-shape attribution"]
+
+
+def _step_words(settings: ABSettings) -> str:
+    """What the captured step is, in words (tuner ab --phase)."""
+    if settings.phase == "prefill":
+        return f"prefill step (the first forward of a {settings.prompt_tokens}-token prompt)"
+    if settings.phase == "mixed":
+        return (f"mixed step (the decode step plus one {settings.prompt_tokens}-token prefill "
+                f"chunk)")
+    return "decode step"
+
+
+def _phase_label(settings: ABSettings) -> str:
+    """'' for decode (the folders of earlier A/Bs keep their names), else '-prefill2048' etc."""
+    return "" if settings.phase == "decode" else f"-{settings.phase}{settings.prompt_tokens}"
+
+
+def check_phase(spec: tuple[str, str], settings: ABSettings) -> None:
+    """--phase and --prompt-tokens: one of PHASES; prefill / mixed only for --hf-config."""
+    from .harness import PHASES
+
+    if settings.phase not in PHASES:
+        raise TunerError(f"--phase must be one of {', '.join(PHASES)}, not {settings.phase!r}")
+    if settings.prompt_tokens < 1:
+        raise TunerError(f"--prompt-tokens must be >= 1, got {settings.prompt_tokens}")
+    if settings.phase != "decode" and spec[0] != "hf":
+        raise TunerError(f"--phase {settings.phase} needs --hf-config (a MODULE:CALLABLE harness "
+                         "gives its decode step only)")
 
 
 def default_baselines(settings: ABSettings, gpu: bool) -> list[str]:
@@ -164,7 +195,8 @@ def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows, paths
     return out
 
 
-def linear_floors(baseline_rows: list[dict], device_name: str) -> tuple[dict, str]:
+def linear_floors(baseline_rows: list[dict], device_name: str,
+                  phase: str = "decode") -> tuple[dict, str]:
     """'m=..,n=..,k=..' -> the physical floor of that linear shape per step (calls x the longest
     of bytes / bandwidth, flops / matmul rate and the kernel floor: tuner.budget's floor) on the
     A/B's device profile (tuner.device.choose_profile: a measured profile when `tuner device`
@@ -180,7 +212,9 @@ def linear_floors(baseline_rows: list[dict], device_name: str) -> tuple[dict, st
     kernel_floor = float(getattr(profile, "kernel_floor_us", 0.0) or 0.0)
     floors: dict = {}
     for row in baseline_rows:
-        if row.get("family") != "gemm" or row.get("phase") not in (None, "decode", "other"):
+        # a decode A/B's step is decode; a prefill or mixed step's rows may read as prefill
+        phases = (None, "decode", "other") + (("prefill",) if phase != "decode" else ())
+        if row.get("family") != "gemm" or row.get("phase") not in phases:
             continue
         _bytes, _flops, per_call, why = budget.call_floor_us(row, profile, kernel_floor)
         if why:
@@ -197,7 +231,8 @@ def _trace_only(spec, batches, settings, out_root, timeout_s, out) -> int:
     (`tuner harvest REPLAY --capture CAPTURE`) before a search of this model's shapes."""
     label = _label(spec)
     for batch in batches:
-        directory = Path(out_root) / f"{label}-b{batch}-{step_baseline(settings)}"
+        directory = (Path(out_root)
+                     / f"{label}{_phase_label(settings)}-b{batch}-{step_baseline(settings)}")
         s = ABSettings(**{**settings.__dict__, "batch": batch, "out_dir": str(directory)})
         s.compile = compile_backend(s)
         child = run_child(spec, s, directory, timeout_s, echo=lambda line: info(f"  .. {line}"))
@@ -238,6 +273,7 @@ def run(spec: tuple[str, str], *, batches: list[int], settings: ABSettings,
         raise TunerError("--steps must be >= 1, --groups >= 2 and --replays >= 1")
     for name in baselines or ():
         check_baseline(name)
+    check_phase(spec, settings)
     check_spec(spec)  # a missing module, file or attribute: one line, before the GPU check
     gpu = settings.device == "cuda" and _have_gpu()
     chosen = bool(baselines) or bool(settings.baseline)  # the user named it: no fallback
@@ -282,7 +318,7 @@ def _compile_crash(verdict: ABVerdict) -> bool:
 def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s,
          out) -> ABVerdict:
     """One A/B (one batch size, one baseline): measured in a child, decided, written."""
-    run_label = f"{label}-b{batch}-{baseline}"
+    run_label = f"{label}{_phase_label(settings)}-b{batch}-{baseline}"
     directory = Path(out_root) / run_label
     s = ABSettings(**{**settings.__dict__, "batch": batch, "export_dir": export_dir or None,
                       "out_dir": str(directory), "baseline": baseline})
@@ -304,7 +340,8 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
                                           tables.get("tuned") or [], paths)
         if tables.get("baseline"):
             floors, floor_label = linear_floors(tables["baseline"],
-                                                str(child.data.get("device_name") or ""))
+                                                str(child.data.get("device_name") or ""),
+                                                settings.phase)
             if not floors and floor_label:
                 info(f"  {floor_label}")
     verdict = decide(child.data if child.ok else None, label=run_label,

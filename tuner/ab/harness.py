@@ -16,6 +16,10 @@ A *harness* is any object with
 `tuner ab --hf-config CONFIG.json` builds `HFDecode` from a transformers config with random
 weights (no download; transformers is an optional extra). The same factory called with
 ``dtype=torch.float32`` gives the high-precision reference of the same weights.
+
+`tuner ab --phase prefill|mixed` measures another step of the same transformers model through
+the same interface (`phase_harness`): `HFPrefill` (the first forward of a P-token prompt) and
+`HFMixed` (the decode batch plus one P-token prefill chunk, the chunked-prefill step).
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ import torch
 
 from ..errors import TunerError
 
-__all__ = ["HFDecode", "REQUIRED", "check_harness", "check_spec", "grouped_attention_shape",
+__all__ = ["HFDecode", "HFMixed", "HFPrefill", "PHASES", "REQUIRED", "check_harness", "check_spec", "grouped_attention_shape",
            "grouped_sdpa_attention", "hf_factory", "load_factory", "make_harness",
-           "transformers_attention"]
+           "phase_harness", "transformers_attention"]
 
 REQUIRED = ("model", "prefill", "decode", "feed")
 FACTORY_ARGS = ("batch", "prompt", "steps", "dtype", "device", "seed")
@@ -75,13 +79,7 @@ class HFDecode:
 
     @torch.no_grad()
     def decode(self) -> torch.Tensor:
-        # transformers >= 5 keeps each layer's write position in a device counter it advances
-        # on every update: set it to this step's position first, so a step (and each replay of
-        # its graph) writes slot `position`, however often it runs
-        for layer in getattr(self.cache, "layers", ()):
-            length = getattr(layer, "cumulative_length", None)
-            if isinstance(length, torch.Tensor):
-                length.copy_(self.position.view(()))
+        _reset_write_positions(self.cache, self.position)  # slot `position`, every replay
         out = self.model(input_ids=self.tokens, **{self.cache_arg: self.cache},
                          cache_position=self.position, use_cache=True)
         return out.logits[:, -1, :]
@@ -89,6 +87,110 @@ class HFDecode:
     def feed(self, tokens: torch.Tensor) -> None:
         self.tokens.copy_(tokens.view(self.batch, 1))
         self.position.add_(1)
+
+
+PHASES = ("decode", "prefill", "mixed")
+
+
+def _reset_write_positions(cache, position: torch.Tensor | int) -> None:
+    """transformers >= 5 keeps each layer's write position in a device counter it advances on
+    every update: set it to `position` before a step, so every run (and graph replay) of the
+    step writes the same slots."""
+    for layer in getattr(cache, "layers", ()):
+        length = getattr(layer, "cumulative_length", None)
+        if isinstance(length, torch.Tensor):
+            if isinstance(position, torch.Tensor):
+                length.copy_(position.view(()))
+            else:
+                length.fill_(position)
+
+
+class HFPrefill:
+    """The first forward of a `tokens`-token prompt of `batch` sequences as the step (what a
+    server runs when it admits a prompt): `decode()` runs the whole prompt window at cache
+    positions 0..tokens-1 over its own StaticCache (static buffers, so it captures as one
+    graph and every replay rewrites the same slots) and returns the last position's logits.
+    `feed(tokens)` slides the window by one token (drop the first, append the fed one): the
+    next step is again the first forward of a prompt of the same length, so outputs of the arms
+    and of the fp32 reference are compared step by step as in decode. `prefill()` puts the
+    first prompt back and returns its step's logits."""
+
+    def __init__(self, model, *, batch: int, tokens: int, seed: int = 0):
+        from transformers import StaticCache
+
+        self.model = model
+        self.batch, self.tokens = int(batch), int(tokens)
+        device = next(model.parameters()).device
+        g = torch.Generator(device="cpu").manual_seed(seed + 2)
+        first = torch.randint(0, int(model.config.vocab_size), (self.batch, self.tokens), generator=g)
+        self.first = first.to(device)
+        self.window = self.first.clone()
+        self.positions = torch.arange(self.tokens, device=device)
+        self.max_cache_len = self.tokens
+        self.cache = StaticCache(config=model.config, max_cache_len=self.tokens)
+        params = inspect.signature(type(model).forward).parameters
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    @torch.no_grad()
+    def prefill(self) -> torch.Tensor:
+        self.window.copy_(self.first)
+        return self.decode()
+
+    @torch.no_grad()
+    def decode(self) -> torch.Tensor:
+        _reset_write_positions(self.cache, 0)
+        out = self.model(input_ids=self.window, **{self.cache_arg: self.cache},
+                         cache_position=self.positions, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :]
+
+    def feed(self, tokens: torch.Tensor) -> None:
+        self.window[:, :-1].copy_(self.window[:, 1:].clone())
+        self.window[:, -1].copy_(tokens.view(self.batch))
+
+
+class HFMixed:
+    """One chunked-prefill step: the decode batch of `decoder` (an HFDecode: one token per
+    sequence over its static cache) and then one prefill chunk of `tokens` tokens of one more
+    sequence (an HFPrefill over its own cache), in one step, so one graph. transformers runs
+    them as two forwards (linears at m = batch and m = tokens), where a serving engine packs
+    them into one (m = batch + tokens). Logits and tokens are [batch + 1, ...]: the decode
+    sequences, then the chunk's last position."""
+
+    def __init__(self, decoder: "HFDecode", *, tokens: int, seed: int = 0):
+        self.decoder = decoder
+        self.model = decoder.model
+        self.chunk = HFPrefill(decoder.model, batch=1, tokens=tokens, seed=seed)
+        self.batch = decoder.batch + 1
+
+    @torch.no_grad()
+    def prefill(self) -> torch.Tensor:
+        return torch.cat([self.decoder.prefill(), self.chunk.prefill()])
+
+    @torch.no_grad()
+    def decode(self) -> torch.Tensor:
+        return torch.cat([self.decoder.decode(), self.chunk.decode()])
+
+    def feed(self, tokens: torch.Tensor) -> None:
+        tokens = tokens.view(self.batch)
+        self.decoder.feed(tokens[:-1])
+        self.chunk.feed(tokens[-1:])
+
+
+def phase_harness(harness, phase: str, tokens: int, seed: int = 0):
+    """The harness whose step `tuner ab --phase` measures: `harness` itself for decode; for
+    prefill an HFPrefill of `tokens` tokens at the harness's batch size, for mixed an HFMixed
+    (its decode batch plus one chunk of `tokens` tokens). Prefill and mixed need a transformers
+    harness (`--hf-config`): a MODULE:CALLABLE harness gives a decode step only."""
+    if phase == "decode":
+        return harness
+    if phase not in PHASES:
+        raise TunerError(f"--phase must be one of {', '.join(PHASES)}, not {phase!r}")
+    if not isinstance(harness, HFDecode):
+        raise TunerError(f"--phase {phase} needs --hf-config (a MODULE:CALLABLE harness gives "
+                         "its decode step only)")
+    if phase == "prefill":
+        return HFPrefill(harness.model, batch=harness.batch, tokens=tokens, seed=seed)
+    return HFMixed(harness, tokens=tokens, seed=seed)
 
 
 def grouped_attention_shape(harness) -> dict | None:

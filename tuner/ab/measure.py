@@ -32,6 +32,10 @@ decode attention in every arm as SDPA on the grouped cache in the fastest form t
 repeat_kv path; beside an eager baseline a `repeat_kv` arm (transformers' own path) is captured
 and timed as context (CONTEXT_ARM), never profiled or counted.
 
+`phase` (tuner ab --phase) picks the step every arm captures: decode (above), prefill (the first
+forward of a `prompt_tokens`-token prompt, tuner.ab.harness.HFPrefill) or mixed (the decode batch
+plus one prefill chunk, HFMixed); the outputs, timing and attribution are the same for all three.
+
 Returns plain JSON data. `device="cpu"` runs the same code without graphs (eager "replays",
 perf_counter clocks) for tests: its numbers mean nothing.
 """
@@ -47,7 +51,7 @@ from pathlib import Path
 import torch
 
 from .harness import (grouped_attention_shape, grouped_sdpa_attention, hf_factory, load_factory,
-                      make_harness, transformers_attention)
+                      make_harness, phase_harness, transformers_attention)
 
 __all__ = ["ARMS", "CONTEXT_ARM", "ABSettings", "compile_backend", "compile_decode", "measure",
            "step_baseline"]
@@ -80,6 +84,11 @@ class ABSettings:
     # "" = "compile" when `compile` names a backend, else "eager"
     baseline: str = ""
     grouped_attention: bool = True  # a grouped-KV transformers model: SDPA on the grouped cache
+    # the step measured (tuner.ab.harness.PHASES): "decode" (the harness's decode step),
+    # "prefill" (the first forward of a prompt_tokens-token prompt) or "mixed" (the decode batch
+    # plus one prefill chunk of prompt_tokens tokens); prefill and mixed: --hf-config only
+    phase: str = "decode"
+    prompt_tokens: int = 2048
 
 
 def step_baseline(settings: ABSettings) -> str:
@@ -103,6 +112,12 @@ def compile_decode(harness, settings: ABSettings) -> None:
     baseline = step_baseline(settings)
     if baseline != "eager":
         harness.decode = compile_step(harness.decode, baseline, compile_backend(settings))
+
+
+def _build(factory, settings: ABSettings, dtype, common: dict):
+    """The harness of the settings' phase (tuner.ab.harness.phase_harness) in `dtype`."""
+    harness = make_harness(factory, dtype=dtype, **common)
+    return phase_harness(harness, settings.phase, settings.prompt_tokens, settings.seed)
 
 
 def _factory(spec: tuple[str, str]):
@@ -299,7 +314,7 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
     ref_tokens = ref_logits = None
     if settings.trace_only:
         progress("build: the model in " + settings.dtype)
-        harness = make_harness(factory, dtype=dtype, **common)
+        harness = _build(factory, settings, dtype, common)
         compile_decode(harness, settings)
         with torch.no_grad():
             harness.prefill()
@@ -313,7 +328,7 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
         return result
     if settings.reference:
         progress("reference: fp32 model, greedy decode")
-        ref = make_harness(factory, dtype=torch.float32, **common)
+        ref = _build(factory, settings, torch.float32, common)
         with torch.no_grad():
             ref_tokens, ref_logits = _greedy(ref.decode, ref, settings.steps, keep_logits=True)
         result["reference_tokens"] = ref_tokens
@@ -323,7 +338,7 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
             torch.cuda.empty_cache()
 
     progress("build: the model in " + settings.dtype)
-    harness = make_harness(factory, dtype=dtype, **common)
+    harness = _build(factory, settings, dtype, common)
     compile_decode(harness, settings)
     model = harness.model
     result["model"] = {"class": type(model).__name__,

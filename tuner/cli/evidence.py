@@ -55,6 +55,12 @@ def _add_ab(sub) -> None:
     p.add_argument("--prompt", type=int, default=128, help="prompt tokens (default 128)")
     p.add_argument("--steps", type=int, default=32,
                    help="decode steps compared per arm (default 32)")
+    p.add_argument("--phase", choices=("decode", "prefill", "mixed"), default="decode",
+                   help="the step measured: decode (default); prefill, the first forward of a "
+                   "--prompt-tokens prompt; mixed, the decode batch plus one --prompt-tokens "
+                   "prefill chunk (the chunked-prefill step); prefill and mixed need --hf-config")
+    p.add_argument("--prompt-tokens", type=int, default=2048, metavar="P",
+                   help="tokens of the prompt (prefill) or of the chunk (mixed) (default 2048)")
     p.add_argument("--export", metavar="DIR",
                    help="export directory to test (default: artifacts/export/<this GPU>)")
     family_flag(p, default="gemv,gemm,attention", what="kernel families to install")
@@ -114,7 +120,8 @@ def cmd_ab(args) -> int:
                              reference=not args.no_reference, profile=not args.no_profile,
                              dtype=args.dtype, trace_only=args.trace_only,
                              compile=args.compile_backend,
-                             grouped_attention=not args.transformers_attention)
+                             grouped_attention=not args.transformers_attention,
+                             phase=args.phase, prompt_tokens=args.prompt_tokens)
     return ab.run(spec, batches=batches, settings=settings, baselines=baselines,
                   out_root=args.output, timeout_s=parse_duration(args.timeout))
 
