@@ -327,6 +327,66 @@ def test_max_autotunes_triton_gemm_templates_are_read_as_linear_calls():
     assert kernels and all(k.startswith("triton_tem_fused_") for k in kernels)
 
 
+MAX_AUTOTUNE_B1_PAIR = HERE / "fixtures" / "traces" / "h200_llama31_8b_2l_b1_max_autotune"
+
+
+def test_max_autotunes_fused_matrix_vector_reductions_are_read_as_linear_calls():
+    """A real max-autotune decode step at batch 1 (H200, Llama-3.1-8B's linears): Inductor made
+    every m = 1 linear a reduction fused with its norm, activation, residual or cache write, k and
+    v (and gate and up) two at a time in one kernel, an embedding table gathered inside some.
+    Every linear is one call of its shape, the fused pairs split into two calls of half the time,
+    and no table is read as a linear."""
+    from tuner import harvest
+    from tuner.harvest.config import INDUCTOR_GEMV_OP
+
+    meta = json.loads((MAX_AUTOTUNE_B1_PAIR.parent / (MAX_AUTOTUNE_B1_PAIR.name + ".meta.json"))
+                      .read_text())
+    result = harvest.harvest([f"{MAX_AUTOTUNE_B1_PAIR}_replay.pt.trace.json.gz"],
+                             capture=[f"{MAX_AUTOTUNE_B1_PAIR}_capture.pt.trace.json.gz"],
+                             quiet=True)
+    table = result.table
+    linears = table[table.op == INDUCTOR_GEMV_OP]
+    got = {f"m={r.m},n={r.n},k={r.k}": r.calls_per_step for r in linears.itertuples()}
+    assert got == meta["linears_per_step"]
+    assert set(linears.layout) == {"NT"} and set(linears.family) == {"gemm"}
+    assert linears.traced_compiled.all()
+    kernels = [k.strip() for k in ";".join(linears.kernels).split(";")]
+    assert kernels and all(k.startswith("triton_red_fused_") for k in kernels)
+    # the lm_head reads 1 GiB: no split; gate and up share a kernel, so each is half of it
+    by = {(r.n, r.k): r.us_per_call for r in linears.itertuples()}
+    assert by[(128256, 4096)] > 4 * by[(14336, 4096)] > 0
+
+
+@pytest.mark.parametrize("dims, linears", [
+    # k and v from one kernel: two weights, outputs [1, 1024] and the cache [1, 8, 162, 128]
+    ([[1, 1, 4096], [1024, 4096], [1024, 4096], [1], [1, 1024], [1, 8, 162, 128]], 2),
+    # q after a norm of the gathered embedding: the table has no [.., 128256] output
+    ([[4096], [1, 1], [128256, 4096], [1, 1, 1], [4096, 4096], [1, 4096]], 1),
+])
+def test_a_fused_reduction_counts_each_weight_with_an_output_as_a_linear(dims, linears):
+    from tuner.harvest.config import INDUCTOR_GEMV_OP
+    from tuner.harvest.records import Op
+    from tuner.harvest.shapes import gemm_shape
+
+    op = Op(INDUCTOR_GEMV_OP, 1, 0.0, 1.0, None, dims, ["c10::BFloat16"] * len(dims), [], "gemm")
+    shape = gemm_shape(op)
+    assert shape["m"] == 1 and shape["linears"] == linears and shape["k"] == 4096
+
+
+@pytest.mark.parametrize("dims, why", [
+    ([[1, 4096], [128256, 4096], [1, 1]], "a gathered table: no output of its n"),
+    ([[1, 4096], [4096, 4096], [1024, 4096], [1, 4096], [1, 1024]], "two weight shapes"),
+    ([[1, 4096], [4096, 4096, 1], [1, 4096]], "no 2-D weight"),
+])
+def test_a_fused_reduction_whose_dims_do_not_say_gives_no_shape(dims, why):
+    from tuner.harvest.config import INDUCTOR_GEMV_OP
+    from tuner.harvest.records import Op
+    from tuner.harvest.shapes import gemm_shape
+
+    op = Op(INDUCTOR_GEMV_OP, 1, 0.0, 1.0, None, dims, ["c10::BFloat16"] * len(dims), [], "gemm")
+    assert gemm_shape(op) is None, why
+
+
 @pytest.mark.parametrize("dims, why", [
     ([[2, 1, 256], [256, 256]], "no output"),
     ([[2, 1, 256], [256, 256], [2, 128]], "output n is not the weight's"),

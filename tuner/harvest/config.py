@@ -113,6 +113,16 @@ INDUCTOR_KERNEL_RE = re.compile(r"^triton_(?:poi|per|red|tem|for|spl|unk)_|^cpp_
 # They are read as the op INDUCTOR_GEMM_OP, one row a shape whatever kernel ran it.
 INDUCTOR_GEMM_RE = re.compile(r"^triton_tem_fused_(?:\w*?_)?(?:add)?mm(?:_|$)")
 INDUCTOR_GEMM_OP = "inductor::mm_template"
+# And the matrix-vector products Inductor decomposes a matmul into where the matmul has one row
+# (torch/_inductor/decomposition.py, `mm`: under coordinate descent tuning, which max-autotune
+# turns on, an m = 1 mm becomes a multiply and a sum), fused with the norm, activation or
+# residual around it: "triton_red_fused__to_copy_add_mean_mm_mul_pow_rsqrt_t_view_15" (RMSNorm,
+# then gate and up). One kernel may compute several linears that read the same input (gate and
+# up, k and v): each weight [n, k] whose output [1, n] is among the args is one linear call
+# (shapes.reduction_linears; read off a real max-autotune trace of a 2-layer Llama-3.1-8B-shaped
+# step, tests/fixtures/traces/h200_llama31_8b_2l_b1_max_autotune*). Read as INDUCTOR_GEMV_OP.
+INDUCTOR_GEMV_RE = re.compile(r"^triton_(?:red|per)_fused_(?:\w*?_)?mm(?:_|$)")
+INDUCTOR_GEMV_OP = "inductor::mm_reduction"
 # The range Inductor records around each call of a compiled graph (torch/_inductor/output_code.py,
 # CompiledFxGraph.__call__, while a profiler runs; a user_annotation, or an op in older dialects).
 # The GEMM and attention ops inside one are the compiled graph's (its extern mm, its SDPA); ops

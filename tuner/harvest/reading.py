@@ -342,7 +342,8 @@ OP_WITHOUT_TIME = "GEMM/attention ops without a usable ts, dur or tid"
 
 def _shaped_op(name) -> bool:
     return type(name) is str and (name in config.GEMM_OPS or is_attention(name)
-                                  or bool(config.INDUCTOR_GEMM_RE.match(name)))
+                                  or bool(config.INDUCTOR_GEMM_RE.match(name))
+                                  or bool(config.INDUCTOR_GEMV_RE.match(name)))
 
 
 def _keep_op(e: dict, dialect: config.Dialect, s: _Sink) -> None:
@@ -387,6 +388,8 @@ def _keep_op(e: dict, dialect: config.Dialect, s: _Sink) -> None:
         kind = "gemm"
     elif config.INDUCTOR_GEMM_RE.match(name):  # max-autotune's Triton GEMM template: a linear
         kind, name = "gemm", config.INDUCTOR_GEMM_OP
+    elif config.INDUCTOR_GEMV_RE.match(name):  # an m = 1 matmul Inductor made a fused reduction
+        kind, name = "gemm", config.INDUCTOR_GEMV_OP
     else:
         kind = s.op_kinds.get(name)
         if kind is None:

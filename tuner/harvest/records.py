@@ -44,6 +44,7 @@ class Call:
     traced_kv_heads: int | None = None   # harvest --kv-heads: the repeated cache's KV heads
     traced_compiled: int | None = None   # 1: ran inside a torch.compile'd (Inductor) graph
     tokens: int | None = None     # varlen attention: query tokens of all requests (q's dim 0)
+    linears: int = 1              # linear calls its kernel computes (shapes.reduction_linears)
     gpu_us: float = 0.0
     n_kernels: int = 0
     kernels: dict = field(default_factory=dict)   # kernel name -> count

@@ -3,11 +3,13 @@ out[m, n] = A[m, k] . B[k, n]; a linear's weight [out, in] gives n = out, k = in
 
 from __future__ import annotations
 
+import dataclasses
+
 from . import config
 from .records import Call, Op
 
 __all__ = ["is_attention", "gemm_shape", "attention_shape", "make_call", "call_and_empty_size",
-           "complete_decode_attention", "regroup_kv_heads"]
+           "complete_decode_attention", "regroup_kv_heads", "reduction_linears", "split_linears"]
 
 
 def is_attention(name: str) -> bool:
@@ -92,6 +94,8 @@ def gemm_shape(op: Op) -> dict | None:
     name, dims, types, strides = op.name, op.dims, op.types, op.strides
     if name == config.INDUCTOR_GEMM_OP:
         return _template_shape(dims, types, strides)
+    if name == config.INDUCTOR_GEMV_OP:
+        return reduction_linears(dims, types, strides)
     a, b = (1, 2) if name in ("aten::addmm", "aten::baddbmm") else (0, 1)
     da, db = _input(dims, a), _input(dims, b)
     if da is None or db is None:
@@ -140,6 +144,35 @@ def _template_shape(dims: list, types: list, strides: list) -> dict | None:
         return None
     flag_b = "T" if _mat_flag(dims, strides, 1) == "N" else "N"
     return dict(m=m, n=n, k=k, batch=1, dtype=_dtype(types, 1), layout="N" + flag_b)
+
+
+def reduction_linears(dims: list, types: list, strides: list) -> dict | None:
+    """The linears of an Inductor matrix-vector reduction (config.INDUCTOR_GEMV_RE), or None.
+
+    Its args are whatever the fused kernel reads and writes (norm weights, residuals, the KV
+    cache, an embedding table it gathers from), in no fixed order. A weight is a 2-D arg [n, k]
+    whose output is an arg too: [..., n] holding m rows (Inductor decomposes only m = 1). A
+    gathered table [vocab, hidden] has no such output and is no linear. The result's `linears`
+    says how many weights of that one shape the kernel reads (gate and up, k and v); weights of
+    two different shapes in one kernel are not split up by guessing: no shape.
+    """
+    sizes = [_input(dims, i) for i in range(len(dims))]
+    found = []
+    for i, w in enumerate(sizes):
+        if w is None or len(w) != 2 or min(w) < 2:
+            continue
+        n = w[0]
+        rows = [_prod(o[:-1]) for j, o in enumerate(sizes)
+                if j != i and o is not None and len(o) >= 2 and o[-1] == n and o != w]
+        rows = [r for r in rows if r is not None and 1 <= r < n]
+        if rows:
+            found.append((i, n, w[1], min(rows)))
+    if not found or len({(n, k, m) for _i, n, k, m in found}) != 1:
+        return None
+    i, n, k, m = found[0]
+    flag_b = "T" if _mat_flag(dims, strides, i) == "N" else "N"
+    return dict(m=m, n=n, k=k, batch=1, dtype=_dtype(types, i), layout="N" + flag_b,
+                linears=len(found))
 
 
 def attention_shape(op: Op) -> dict | None:
@@ -273,6 +306,22 @@ def call_and_empty_size(op: Op) -> tuple[Call | None, str]:
                 batch=s["batch"] or 0, dtype=s["dtype"], layout="",
                 heads=s["heads"], kv_heads=s["kv_heads"], q_len=s["q_len"],
                 kv_len=s["kv_len"], head_dim=s["head_dim"], tokens=s["tokens"]), empty
+
+
+def split_linears(calls: list) -> list:
+    """Each call whose kernel computes several linears (Call.linears > 1) as that many calls of
+    its shape, each with an equal share of the GPU time (its weights are of one shape, so each
+    reads as many bytes); the other calls as they are."""
+    out = []
+    for c in calls:
+        if c.linears <= 1:
+            out.append(c)
+            continue
+        share = c.linears
+        for _ in range(share):
+            out.append(dataclasses.replace(c, linears=1, gpu_us=c.gpu_us / share,
+                                           kernels=dict(c.kernels)))
+    return out
 
 
 def complete_decode_attention(calls: list, steps: list) -> int:

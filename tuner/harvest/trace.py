@@ -17,7 +17,7 @@ from .files import trace_rank
 from .graphs import capture_windows, graph_launches, join_replay
 from .reading import OP_WITHOUT_TIME, read_events, read_header
 from .records import RawTrace, Step, TraceData
-from .shapes import complete_decode_attention
+from .shapes import complete_decode_attention, split_linears
 from .steps import classify_steps, step_of, steps_from_markers, whole_trace_steps
 
 __all__ = ["read_trace"]
@@ -199,6 +199,12 @@ def _read_trace(path: Path, steps: int | None, graphs: list, device_name: str | 
 
     compiled = compiled_kernels(raw)
     _mark_compiled_calls(raw, call_of_op, graphs, calls, compiled, notes)
+    multi = [c for c in calls if c.linears > 1]
+    if multi:
+        notes.append(f"{len(multi)} fused Inductor kernels (matrix-vector reductions) computed "
+                     f"{sum(c.linears for c in multi)} linear calls, several at a time: each "
+                     "counts as a call with an equal share of its kernel's time")
+        calls = split_linears(calls)
 
     rank = trace_rank(path) if config.RANK_RE.search(path.name) else (
         (header.get("distributedInfo") or {}).get("rank"))
