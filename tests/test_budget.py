@@ -486,3 +486,44 @@ def test_budget_cli_finds_a_saved_measured_profile_for_the_tables_device(tmp_pat
     assert "measured 2026-11-29T12:00:00Z" in out and "for the device 'NVIDIA H200'" in out
     # 1619968 B / 4.0e12 B/s = 0.404992 µs
     assert budget.read(tmp_path / "b.parquet").at[0, "floor_us"] == pytest.approx(0.404992, rel=1e-5)
+
+
+# ------------------------------------------- compute-bound calls already at the compute floor
+def test_a_compute_bound_call_near_its_floor_is_pruned_whatever_its_calls_add_up_to():
+    # Llama-8B o_proj in a prefill of 8192 tokens: 2 x 8192 x 4096 x 4096 = 275 Gflop -> 278 us at
+    # 989 Tflop/s, the bytes (168 MB) only 35 us: compute-bound. 32 calls a step.
+    prefill = dict(phase="prefill", m=8192, n=4096, k=4096, calls_per_step=32.0,
+                   step_us=60_000.0, step_gpu_us=59_000.0)
+    floor = 2 * 8192 * 4096 * 4096 / 989e12 * 1e6
+    near = budget.compute(table(gemm_row(**prefill, us_per_call=340.0)), H200).iloc[0]
+    assert near["compute_bound"] and near["floor_us"] == pytest.approx(floor)
+    # 0.5 x 62 us x 32 = 990 us = 1.6% of the step: the share rule alone would keep it
+    assert 0.5 * near["headroom_us_per_token"] / 60_000 > 0.005
+    assert near["verdict"] == "prune"
+    assert near["reason"].startswith("compute-bound: baseline 340 us runs at 81.7% of the "
+                                     "measured matmul rate, within the safety 0.5 of its floor")
+    # 600 us (46% of the rate): 322 us above the floor, more than 50% of it: the share decides
+    far = budget.compute(table(gemm_row(**prefill, us_per_call=600.0)), H200).iloc[0]
+    assert far["verdict"] == "keep" and not far["reason"].startswith("compute-bound")
+    # --safety 1 trusts the whole headroom: only a baseline at the floor itself is pruned
+    trusting = budget.compute(table(gemm_row(**prefill, us_per_call=340.0)), H200,
+                              threshold=Threshold(share=0.005, safety=1.0)).iloc[0]
+    assert trusting["verdict"] == "keep"
+    # a memory-bound decode linear is never judged by the compute floor
+    decode = budget.compute(table(gemm_row(us_per_call=1.2)), H200).iloc[0]
+    assert not decode["compute_bound"] and not decode["reason"].startswith("compute-bound")
+
+
+def test_budget_on_a_real_trace_prunes_the_prefill_lm_head_at_the_compute_floor(capsys, tmp_path):
+    # The bundled H200 trace's prefill lm_head (m = 512, n = 151936, k = 896: 139 Gflop, 141 us
+    # at the spec rate) took 195 us: 72% of the rate, 54 us above its floor (< 50% of it).
+    shapes = Path(__file__).resolve().parent.parent / "shapes" / "examples" / "qwen25_05b_b4_decode.parquet"
+    code, out, _ = run_cli(capsys, "budget", str(shapes), "--device", "h200",
+                           "-o", str(tmp_path / "b.parquet"))
+    assert code == 0
+    lines = [line for line in out.splitlines() if line.startswith("pruned at the compute floor")]
+    assert len(lines) == 1 and "prefill m=512 n=151936 k=896" in lines[0], lines
+    assert "runs at 72.4% of the measured matmul rate" in lines[0]
+    result = budget.read(tmp_path / "b.parquet")
+    pruned = result[result["reason"].str.startswith("compute-bound")]
+    assert list(pruned["m"]) == [512] and list(pruned["n"]) == [151936]

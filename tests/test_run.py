@@ -247,3 +247,13 @@ def test_run_whose_search_produced_nothing_says_why(tmp_path, monkeypatch):
                 export_root=tmp_path / "export", gpu=True, out=lambda line: None,
                 objective=failing_objective, measure=replayed_measure)
     assert not (tmp_path / "export").exists()
+
+
+def test_run_says_which_shapes_the_library_serves_at_the_compute_floor(tmp_path, capsys):
+    # the example's prefill lm_head (m = 512, n = 151936, k = 896) runs at 72% of the matmul rate
+    rc = main(["run", str(TRACE), "--family", "gemm", "-o", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    lines = [line for line in out.splitlines() if line.startswith("pruned at the compute floor")]
+    assert len(lines) == 1 and "prefill m=512 n=151936 k=896" in lines[0]
+    assert out.index("pruned at the compute floor") < out.index("search needs a GPU")

@@ -10,7 +10,9 @@ For every ShapeTable row and a DeviceProfile this module computes
 - the headroom: the most any kernel could save, per call (baseline − floor, clipped at 0), per
   step (× calls_per_step × hit_rate) and as a share of the step time;
 - a keep / prune verdict: keep a shape when `safety` × its headroom per step still reaches the
-  threshold (µs per step or a share of the step), with the reason in words.
+  threshold (µs per step or a share of the step), with the reason in words; a compute-bound call
+  (flops / matmul rate sets its floor: prefill-sized GEMMs) whose baseline is within the safety
+  margin of that floor (headroom <= (1 - safety) x floor) is pruned as served at the compute floor.
 
 "Per token" means per step of the row's phase: one decode step produces one token for every
 sequence in the batch, so a saving of X µs per decode step lowers every sequence's time per
@@ -36,7 +38,9 @@ from .tables import check_output_file, read_parquet, write_parquet
 from .units import DEFAULT_THRESHOLD, Threshold, is_number, pct as _pct
 
 __all__ = ["BIAS_OPS", "COMPUTE_FLOOR_DTYPES", "LAUNCH_BOUND_GPU_BUSY", "PHASE_ORDER", "amdahl",
-           "bytes_and_flops", "call_floor_us", "check_profile", "compute", "default_output", "describe_shape",
+           "bytes_and_flops", "call_floor_us", "check_profile", "compute", "compute_floor_lines",
+           "compute_floor_us",
+           "default_output", "describe_shape",
            "empty_size",
            "floor_us", "format_table", "kernel_families", "kernel_shape", "measure_baselines",
            "phase_notes", "read", "run_command", "saving_per_call_needed", "saving_per_token",
@@ -114,15 +118,20 @@ def bytes_and_flops(row) -> tuple[float, float, str]:
     return math.nan, math.nan, f"no byte/flop model for family {family!r}"
 
 
+def compute_floor_us(nflops: float, dtype: str, profile: DeviceProfile) -> float:
+    """flops / measured matmul rate in µs (0 for dtypes the bf16 rate does not bound)."""
+    if dtype_name(dtype) not in COMPUTE_FLOOR_DTYPES or not math.isfinite(nflops):
+        return 0.0
+    return nflops / profile.bf16_matmul_flops_per_s * 1e6
+
+
 def floor_us(nbytes: float, nflops: float, dtype: str, profile: DeviceProfile) -> float:
     """Physical floor of one call in µs: max(read latency + bytes / bandwidth, flops / matmul
     rate). The read latency is the profile's measured fixed cost of a kernel that reads device
     memory (tuner.ceilings; 0 where not measured)."""
     latency = float(getattr(profile, "read_latency_us", 0.0) or 0.0)
     memory_us = latency + nbytes / profile.read_bandwidth_bytes_per_s * 1e6
-    if dtype_name(dtype) in COMPUTE_FLOOR_DTYPES:
-        return max(memory_us, nflops / profile.bf16_matmul_flops_per_s * 1e6)
-    return memory_us
+    return max(memory_us, compute_floor_us(nflops, dtype, profile))
 
 
 def call_floor_us(row, profile: DeviceProfile, min_kernel_us: float = 0.0
@@ -220,9 +229,11 @@ def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold
         gpu_busy = step_gpu / step_wall if step_wall > 0 else math.nan
         launch_bound = bool(gpu_busy < LAUNCH_BOUND_GPU_BUSY) if math.isfinite(gpu_busy) else False
 
+        compute = compute_floor_us(nflops, row["dtype"], profile)
         verdict, reason = _verdict(threshold, baseline=baseline, floor=floor, no_model=no_model,
                                    calls=calls, headroom_token=headroom_token, share=share,
-                                   graph_captured=graph_captured)
+                                   graph_captured=graph_captured,
+                                   compute_bound=not no_model and compute >= floor)
         zero = empty_size(row)
         if zero:  # no call shape at all: never kept, whatever time the trace gave it
             verdict, reason = "prune", (f"{zero} = 0: a call on an empty tensor does no work "
@@ -236,7 +247,8 @@ def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold
             "headroom_us_per_call": headroom_call, "hit_rate": float(hit_rate),
             "headroom_us_per_token": headroom_token, "step_basis_us": step_basis,
             "headroom_share": share, "gpu_busy_share": gpu_busy, "launch_bound": launch_bound,
-            "verdict": verdict, "reason": reason,
+            "compute_bound": bool(not no_model and compute >= floor), "verdict": verdict,
+            "reason": reason,
         })
 
     out = pd.concat([table.reset_index(drop=True), pd.DataFrame(rows)], axis=1)
@@ -251,8 +263,14 @@ def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold
 
 
 def _verdict(threshold: Threshold, *, baseline: float, floor: float, no_model: str, calls: float,
-             headroom_token: float, share: float, graph_captured: bool) -> tuple[str, str]:
-    """keep / prune and why. Prune only on evidence: a row that cannot be judged is kept."""
+             headroom_token: float, share: float, graph_captured: bool,
+             compute_bound: bool = False) -> tuple[str, str]:
+    """keep / prune and why. Prune only on evidence: a row that cannot be judged is kept.
+
+    `compute_bound`: the floor is flops / measured matmul rate (a prefill-sized GEMM). That
+    rate is the library's own (torch.matmul on large square operands), so a baseline within the
+    safety margin of it, headroom <= (1 - safety) x floor, is the library already serving the
+    call at the compute floor: pruned whatever its calls per step add up to."""
     if not math.isfinite(baseline):
         return "keep", ("not budgeted: no GPU time for this call in the trace (CPU-only trace?); "
                         "rerun `tuner budget --measure` on the GPU")
@@ -261,6 +279,12 @@ def _verdict(threshold: Threshold, *, baseline: float, floor: float, no_model: s
     if math.isfinite(floor) and baseline <= floor:
         return "prune", (f"baseline {baseline:.3g} us is already at the floor {floor:.3g} us "
                          f"(nothing to gain)")
+    if compute_bound and math.isfinite(floor) and baseline - floor <= (1 - threshold.safety) * floor:
+        return "prune", (f"compute-bound: baseline {baseline:.3g} us runs at "
+                         f"{_pct(floor / baseline)} of the measured matmul rate, within the safety "
+                         f"{threshold.safety:g} of its floor {floor:.3g} us (at most "
+                         f"{1 - threshold.safety:.0%} above it): the library already serves it "
+                         f"at the compute floor")
     step_word = "GPU-busy step" if graph_captured else "step"
     floor_note = f" (floor unknown: {no_model})" if no_model else ""
     realistic = threshold.safety * headroom_token
@@ -278,6 +302,18 @@ def _verdict(threshold: Threshold, *, baseline: float, floor: float, no_model: s
     if got >= need:
         return "keep", f"{text} >= {target}{floor_note}"
     return "prune", f"{text} < {target}{floor_note}"
+
+
+def compute_floor_lines(budget: pd.DataFrame) -> list[str]:
+    """One line per shape pruned because the library already serves it at the compute floor
+    (`_verdict`), with its reason: what `tuner budget` and `tuner run` say before any search."""
+    if "compute_bound" not in budget.columns:
+        return []
+    pruned = budget[(budget["verdict"] == "prune") & budget["compute_bound"].fillna(False)
+                    & budget["reason"].str.startswith("compute-bound")]
+    return [f"pruned at the compute floor: {row['phase']} {describe_shape(row)} "
+            f"({_num(float(row['calls_per_step']))} calls/step): {row['reason']}"
+            for _, row in pruned.iterrows()]
 
 
 def surviving(budget: pd.DataFrame) -> pd.DataFrame:
@@ -457,5 +493,10 @@ def run_command(shapes: str | Path, *, device=None, bandwidth=None, matmul_rate=
              "trace?): they cannot be budgeted and are kept; rerun with --measure on the GPU")
     write(result, output)
     kept = int((result["verdict"] == "keep").sum())
+    floor_lines = compute_floor_lines(result)
+    if floor_lines:
+        out("")
+    for line in floor_lines:
+        out(line)
     out(f"\nkept {kept} of {len(result)} shapes; budget written to {output}")
     return output

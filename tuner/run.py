@@ -258,6 +258,8 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
     basis = "GPU-busy step (--graph-captured)" if graph_captured else "wall-time step"
     out(_budget_counts(budget, family, plan) + f" ({threshold.describe()}, against the {basis}) "
         f"-> {result.budget_path}")
+    for line in budget_mod.compute_floor_lines(budget):
+        out(line)
     for line in plan_lines(plan, family, timeout_s):
         out(line)
     if plan.empty:
