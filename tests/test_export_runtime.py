@@ -372,3 +372,28 @@ def test_a_regrouped_attention_call_exports_and_resolves_as_the_served_call(load
     (loader / "nvidia-h200" / "manifest.json").write_text(json.dumps(manifest))
     runtime.reset()
     assert runtime.config_for("attention", served) == config   # ... with it mended, a hit
+
+
+def test_an_m_without_an_entry_takes_the_nearest_bucket_and_the_export_says_the_rule(loader):
+    """gemm entries at a decode size (m = 16) and a prefill chunk (m = 512, 2048): a call at
+    m = 200 takes m = 512's entry (its power-of-two bucket 256 is one octave from 512's, four
+    from 16's) though 16 is nearer in m; m = 1500 (bucket 2048) takes 2048's; m = 24 takes 16's."""
+    from test_serving import write_export
+
+    from kernels import gemm
+
+    base = {"n": 4096, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
+    configs = {16: {"BLOCK_M": 16, "num_stages": 4}, 512: {"BLOCK_M": 128, "SCHEDULE": 1},
+               2048: {"BLOCK_M": 128, "SCHEDULE": 2}}
+    entries = []
+    for m, change in configs.items():
+        shape = {"m": m, **base}
+        entries.append(("gemm", shape, {**gemm.default_config(shape, "cuda"), "TMA": 1, **change}))
+    write_export(loader, entries)
+    doc = json.loads((loader / "nvidia-h200" / "gemm.json").read_text())
+    assert doc["m_bucket_rule"] == runtime.M_BUCKET_RULE == "pow2"
+    assert sorted(e["m_bucket"] for e in doc["configs"].values()) == [16, 512, 2048]
+    assert [runtime.m_bucket(m) for m in (1, 8, 9, 128, 129, 8192)] == [1, 8, 16, 128, 256, 8192]
+    for m, served in ((200, 512), (1500, 2048), (24, 16), (9000, 2048), (300, 512)):
+        _config, key = runtime.resolve("gemm", {"m": m, **base})
+        assert key.startswith(f"m={served},"), (m, key)

@@ -190,11 +190,14 @@ def family_document(rows: pd.DataFrame, family: str, device_key: str, *,
     modes = sorted(set(rows["parity_mode"]))
     configs = {}
     for r in rows.to_dict("records"):
+        shape = served_shape(r["family"], json.loads(r["shape_json"]))
         configs[r["shape"]] = {
-            "shape": served_shape(r["family"], json.loads(r["shape_json"])),
+            "shape": shape,
             "config": json.loads(r["config"]),
             "measured": {k: _plain(r[k]) for k in MEASURED_FIELDS if k in r},
         }
+        if "m" in shape:  # the bucket this entry serves first (runtime.M_BUCKET_RULE)
+            configs[r["shape"]]["m_bucket"] = runtime.m_bucket(shape["m"])
     return {
         "format": EXPORT_FORMAT,
         "family": family,
@@ -209,6 +212,7 @@ def family_document(rows: pd.DataFrame, family: str, device_key: str, *,
         "parity_mode": max(modes, key=lambda m: ("baseline", "kernel", "accuracy").index(m)
                            if m in ("baseline", "kernel", "accuracy") else 3),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "m_bucket_rule": runtime.M_BUCKET_RULE,
         "configs": dict(sorted(configs.items())),
     }
 

@@ -4,8 +4,9 @@ Serving code calls a family's entry point, e.g. ``kernels.gemv.linear(x, weight)
 ``lookup("gemv", shape)`` for the config to launch with. The answer is:
 
 1. the exported config for exactly this shape, else
-2. the exported config of the nearest ``m`` (``kv_len`` for attention) with the same other keys
-   (n, k, dtype, ...), else
+2. the exported config of the nearest ``m`` bucket (``M_BUCKET_RULE``: powers of two; then the
+   nearest m), or the nearest ``kv_len`` for attention, with the same other keys (n, k, dtype,
+   ...), else
 3. ``None``: no measurement says a Triton config beats the path serving uses today, so the entry
    point runs that path (torch's linear / matmul / SDPA). On the H200 the families' untuned
    default configs were slower than torch on several decode shapes (BENCHMARKS.md), so falling back
@@ -41,7 +42,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["EXPORT_FORMAT", "EXPORT_ROOT", "MANIFEST", "MAX_EXPORT_BYTES", "NEAREST_KEYS",
+__all__ = ["EXPORT_FORMAT", "EXPORT_ROOT", "MANIFEST", "MAX_EXPORT_BYTES", "M_BUCKET_RULE",
+           "NEAREST_KEYS", "m_bucket",
            "LoadedExport", "config_for", "current_identity", "default_config", "detect_identity",
            "device_key_for", "entry_problem", "export_dir", "has_entries", "hit_counts",
            "kernel_hash", "load_family", "lookup", "manifest_problems", "mismatches",
@@ -319,6 +321,31 @@ def _loaded(family: str) -> LoadedExport:
 
 
 NEAREST_KEYS = ("m", "kv_len")  # the dimension that varies call to call, per family
+# m buckets: an entry tuned at m serves the calls of its bucket first; the bucket of m is the
+# power of two at least m (1, 2, 4, ..., 128, 256, ..., 8192, ...), so decode batch sizes,
+# prefill chunks and mixed batches of one size class share an entry. Written into every export
+# (M_BUCKET_RULE at the top, each entry's bucket) and used by the lookup of an m without an
+# entry of its own: the entry of the nearest bucket (in octaves), then the nearest m, then the
+# smaller m.
+M_BUCKET_RULE = "pow2"
+
+
+def m_bucket(m: int) -> int:
+    """The bucket of m under M_BUCKET_RULE: the power of two at least m."""
+    from kernels.common import pow2_at_least
+
+    return pow2_at_least(int(m))
+
+
+def _nearest_key(vary: str, value: int):
+    """Sort key of an exported (value, key, config) for a call at `value`: for m the bucket
+    distance in octaves first (M_BUCKET_RULE), then the distance in m; for kv_len the
+    distance; on a tie the smaller one (its tiles fit the smaller problem)."""
+    if vary == "m":
+        octave = m_bucket(value).bit_length()
+        return lambda item: (abs(m_bucket(item[0]).bit_length() - octave), abs(item[0] - value),
+                             item[0])
+    return lambda item: (abs(item[0] - value), item[0])
 
 
 _WARNED: set[tuple[str, str]] = set()  # (family, error type): lookup failures already logged
@@ -357,8 +384,7 @@ def _resolve(family: str, shape: dict) -> tuple[dict | None, str | None]:
         candidates = loaded.by_rest.get(rest)
         if candidates:
             value = int(shape[vary])
-            # nearest value; on a tie the smaller one (its tiles fit the smaller problem)
-            _, key, config = min(candidates, key=lambda item: (abs(item[0] - value), item[0]))
+            _, key, config = min(candidates, key=_nearest_key(vary, value))
             return config, key
     if family == "attention":
         return _repeated_kv_entry(shape)
