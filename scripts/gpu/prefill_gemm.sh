@@ -11,12 +11,13 @@
 #      ones, timed with tuner.bench on cold caches; the fastest paired against torch (speedup
 #      with its 95% interval), its parity facts, TFLOP/s and % of the measured bf16 matmul rate;
 #      the paired results ranked (tuner.rank.decide) and exported (tuner.export) for part 2.
-#      GEMM_BUDGET_S (default 170): no shape starts after it; GEMM_TIMEOUT_S (default 240).
+#      GEMM_BUDGET_S (default 140): no shape starts after it; GEMM_TIMEOUT_S (default 190).
 #   2. tuner ab --phase prefill --prompt-tokens $PROMPT_TOKENS (default 2048, batch 1) and
 #      tuner ab --phase mixed (the decode step of MIXED_BATCH sequences, default 8, plus one
 #      PROMPT_TOKENS chunk) on AB_CONFIG (default shapes/examples/models/llama31_8b.json) with
 #      part 1's export, against the default baseline (AB_BASELINE names another, e.g. eager, the
-#      fastest to set up); AB_TIMEOUT_S (default 170) each. At MIXED_BATCH <= 8 the decode
+#      fastest to set up); AB_TIMEOUT_S (default 165) each (worst case of the whole script
+#      about 9.5 min, typically less). At MIXED_BATCH <= 8 the decode
 #      linears are gemv calls, which part 1 does not export: only the chunk's linears are tuned.
 # Writes $OUT/prefill_gemm.log (everything), $OUT/gemm.log, $OUT/gemm_results.json,
 # $OUT/export/ (part 1's export), $OUT/ab_<phase>.log, $OUT/ab_<phase>.json / .md; the short
@@ -32,7 +33,7 @@ W=$(mktemp -d /tmp/prefill_gemm.XXXXXX)
 SMOKE=${PREFILL_SMOKE:-0}
 PROMPT_TOKENS=${PROMPT_TOKENS:-2048}; MIXED_BATCH=${MIXED_BATCH:-8}
 AB_CONFIG=${AB_CONFIG:-shapes/examples/models/llama31_8b.json}
-AB_TIMEOUT_S=${AB_TIMEOUT_S:-170}
+AB_TIMEOUT_S=${AB_TIMEOUT_S:-165}
 if [ "$SMOKE" = 1 ]; then
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
   T0=$(date +%s)
@@ -44,8 +45,8 @@ else
 fi
 
 stamp "part 1: gemm vs torch.matmul at m = 128 ... 8192"
-timeout "${GEMM_TIMEOUT_S:-240}" python3 scripts/gpu/prefill_gemm.py --out "$W/gemm" \
-  --budget-s "${GEMM_BUDGET_S:-170}" $SMOKE_FLAG > "$OUT/gemm.log" 2>&1
+timeout "${GEMM_TIMEOUT_S:-190}" python3 scripts/gpu/prefill_gemm.py --out "$W/gemm" \
+  --budget-s "${GEMM_BUDGET_S:-140}" $SMOKE_FLAG > "$OUT/gemm.log" 2>&1
 echo "part 1 rc=$?" | tee -a "$LOG"
 cat "$OUT/gemm.log" >> "$LOG"
 cp "$W/gemm/results.json" "$OUT/gemm_results.json" 2>/dev/null
@@ -60,7 +61,7 @@ for phase in prefill mixed; do
     echo "no export from part 1 (nothing accepted or part 1 failed): tuner ab $phase skipped" | tee -a "$LOG"
     continue
   fi
-  timeout $((AB_TIMEOUT_S + 20)) python3 -m tuner.cli ab --hf-config "$AB_CONFIG" --phase "$phase" \
+  timeout $((AB_TIMEOUT_S + 15)) python3 -m tuner.cli ab --hf-config "$AB_CONFIG" --phase "$phase" \
     --prompt-tokens "$PROMPT_TOKENS" --batch "$batch" "${export_flag[@]}" --steps 4 --groups 8 \
     --replays 4 --timeout "${AB_TIMEOUT_S}s" -o "$W/ab_$phase" \
     ${AB_BASELINE:+--baseline "$AB_BASELINE"} > "$OUT/ab_$phase.log" 2>&1
