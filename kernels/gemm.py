@@ -187,14 +187,16 @@ def _tile_of(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 def gemm_persistent_kernel(
     a, b, c_ptr,
     M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, programs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, TMA: tl.constexpr, B_IS_WEIGHT: tl.constexpr,
+    GROUP_M: tl.constexpr, TMA: tl.constexpr, B_IS_WEIGHT: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr, EVEN_K: tl.constexpr,
 ):
-    """Persistent tile scheduler for large m (prefill): grid = min(NUM_SMS, tiles) programs, each
-    walking the output tiles start, start + NUM_SMS, ... in grouped order, so one wave covers the
-    device and no tail wave of short-lived programs is launched. 2-D, no split K.
+    """Persistent tile scheduler for large m (prefill): grid = `programs` = min(multiprocessors,
+    tiles) programs, each walking the output tiles start, start + programs, ... in grouped order,
+    so one wave covers the device and no tail wave of short-lived programs is launched. 2-D, no
+    split K. `programs` is a runtime argument: calls whose m gives other tile counts (chunked
+    prefill varies m step to step) reuse one compiled kernel.
 
     TMA: `a` / `b` are tensor descriptors (gemm_tma_kernel's: A [M, K] block [BLOCK_M, BLOCK_K];
     the weight [N, K] block [BLOCK_N, BLOCK_K] with B_IS_WEIGHT, else B [K, N] block
@@ -210,7 +212,7 @@ def gemm_persistent_kernel(
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
     offs_k = tl.arange(0, BLOCK_K)
-    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS):
+    for tile_id in tl.range(start_pid, num_tiles, programs):
         pid_m, pid_n = _tile_of(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -370,9 +372,9 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
         x, w = _descriptors(a, b, block_m, block_n, block_k) if tma else (a, b)
         programs = min(sm_count(a.device), grid[0])
         p_meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
-                      NUM_SMS=programs, TMA=tma, B_IS_WEIGHT=b_is_weight,
-                      EPILOGUE_SUBTILE=schedule == 2, EVEN_K=k % block_k == 0)
-        args = (x, w, out, m, n, k, sam, sak, sbk, sbn, n, 1)
+                      TMA=tma, B_IS_WEIGHT=b_is_weight, EPILOGUE_SUBTILE=schedule == 2,
+                      EVEN_K=k % block_k == 0)
+        args = (x, w, out, m, n, k, sam, sak, sbk, sbn, n, 1, programs)
         calls = [KernelCall(gemm_persistent_kernel, (programs,), args, p_meta, opts)]
     elif use_tma and tma_supported(a, b):
         a_desc, b_desc = _descriptors(a, b, block_m, block_n, block_k)

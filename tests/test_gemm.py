@@ -303,6 +303,10 @@ def test_persistent_schedule_grid_edges_and_refusals():
     config = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "SPLIT_K": 1, "SCHEDULE": 1}
     _, (call,) = gemm.launch_plan(inputs, config)
     assert call.grid == (4,) and call.constexprs["EVEN_K"]
+    # the program count is a runtime argument: another m (6 tiles) compiles nothing new
+    _, (other,) = gemm.launch_plan(gemm.make_inputs({**shape, "m": 48}, "cpu", seed=12), config)
+    assert call.args[-1] == 4 and other.args[-1] == other.grid[0] == 6
+    assert other.constexprs == call.constexprs
     assert rel_err(gemm.launch(inputs, config), gemm.reference(inputs)) < TOLERANCE["float16"]
     with pytest.raises(ValueError, match="without split K"):
         gemm.launch_plan(inputs, {**config, "SPLIT_K": 2})
