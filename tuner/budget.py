@@ -94,10 +94,12 @@ def bytes_and_flops(row) -> tuple[float, float, str]:
     """(bytes moved, flops, why-not) for one ShapeTable row, by the kernels' cost model
     (kernels.cost, the same one the families' bytes_moved / flops use); NaN and a reason when
     unknown."""
+    family = str(row["family"])
+    if family == "moe":
+        return _family_bytes_and_flops(row, family)
     size = dtype_bytes(row["dtype"])
     if size is None:
         return math.nan, math.nan, f"unknown dtype {row['dtype']!r}"
-    family = str(row["family"])
     if family == "gemm":
         m, n, k, batch = (int(row[c]) for c in ("m", "n", "k", "batch"))
         nbytes, nflops = gemm_cost(m, n, k, batch=batch, elem_bytes=size,
@@ -116,6 +118,19 @@ def bytes_and_flops(row) -> tuple[float, float, str]:
                                         elem_bytes=size)
         return float(nbytes), float(nflops), ""
     return math.nan, math.nan, f"no byte/flop model for family {family!r}"
+
+
+def _family_bytes_and_flops(row, name: str) -> tuple[float, float, str]:
+    """bytes_and_flops of a row by its kernel family's own cost (moe: kernels.cost.moe_cost
+    through the family's shape_from_row / bytes_moved / flops)."""
+    from kernels import get_family
+
+    family = get_family(name)
+    shape = family.shape_from_row(row)
+    if shape is None:
+        return math.nan, math.nan, (f"the {name} family serves no such row ({row['dtype']} "
+                                    "weights, or sizes it cannot read)")
+    return float(family.bytes_moved(shape)), float(family.flops(shape)), ""
 
 
 def compute_floor_us(nflops: float, dtype: str, profile: DeviceProfile) -> float:
@@ -150,7 +165,8 @@ def call_floor_us(row, profile: DeviceProfile, min_kernel_us: float = 0.0
 # and its m, n and batch hold q_len, kv_len and the batch or 0 where those are unknown (a paged
 # call outside a decode step): its own columns say, not those.
 _SIZES = {"gemm": ("m", "n", "k", "batch"),
-          "attention": ("heads", "kv_heads", "q_len", "kv_len", "head_dim")}
+          "attention": ("heads", "kv_heads", "q_len", "kv_len", "head_dim"),
+          "moe": ("m", "n", "k", "experts", "topk")}
 
 
 def empty_size(row) -> str:
@@ -404,6 +420,9 @@ def describe_shape(row) -> str:
         return (f"b={row['batch']} h={heads}/{_int_or_none(row, 'kv_heads') or heads} "
                 f"q={_int_or_none(row, 'q_len')} kv={_int_or_none(row, 'kv_len')} "
                 f"d={_int_or_none(row, 'head_dim')}")
+    if str(row["family"]) == "moe":
+        return (f"m={row['m']} E={_int_or_none(row, 'experts')} top{_int_or_none(row, 'topk')} "
+                f"hidden={row['k']} inter={row['n']}")
     text = f"m={row['m']} n={row['n']} k={row['k']}"
     return text + (f" b={row['batch']}" if int(row["batch"]) > 1 else "")
 
