@@ -15,7 +15,10 @@ torch.library when this module is imported (with fake implementations, so a mode
   else nearest m: tuner.runtime);
 - ``torch.ops.tuner.decode_attention(q, k, v, mask, scale)``: one query token per sequence over a
   KV cache (GQA; an optional boolean or additive mask of that query row and SDPA's scale), with
-  the attention family's exported config (exact, else nearest kv_len).
+  the attention family's exported config (exact, else nearest kv_len);
+- ``torch.ops.tuner.moe(x, w1, w2, topk_ids, topk_weights, block)``: the expert MLPs of one MoE
+  block (kernels.moe: tokens grouped by expert, fused grouped GEMMs), with the moe family's
+  exported config (exact, else nearest m).
 
 A shape without an exported entry runs the baseline path (torch's linear / SDPA): only a
 measured, ranked and exported config is trusted to beat what serving runs today. The serving path
@@ -40,6 +43,19 @@ the entry of its repeated-KV form, the shape a baseline trace records). Under to
 routing decision is a constant of the install (`_attention_routed`: whether its attention export
 has any entry): the compiled step recompiles once when installing, not per call, and traces
 with dynamic shapes; the custom op resolves each call's shape when it runs.
+
+With "moe" in `families` it routes the experts module of every transformers MoE block whose
+weights the kernel reads as they are stored (`moe_layout`: transformers 5's fused experts,
+``gate_up_proj`` [experts, 2 * inter, hidden] with the gate rows first and ``down_proj``
+[experts, hidden, inter], no biases, SiLU: Qwen3-MoE, Qwen2-MoE's routed experts, Mixtral,
+OLMoE; not gpt-oss, whose experts are transposed, interleaved and biased). The router (its GEMM,
+softmax and top-k) stays transformers'; the experts call ``experts(hidden, top_k_index,
+top_k_weights)`` goes to ``tuner.moe`` with the module's own parameters: no copy and no
+rearranging, so routing costs no memory. Where the export has no entry of the call's structure
+(experts, topk, hidden, inter, dtype) the call runs transformers' own experts forward, unchanged;
+inside the op every fallback (a failing kernel, a capture before warmup) runs that same forward,
+so a fallback is transformers' computation, bit for bit. Under torch.compile the routing decision
+is `_moe_routed`, a constant of the install as for attention.
 """
 
 from __future__ import annotations
@@ -57,13 +73,14 @@ import torch.nn.functional as F
 
 from . import runtime
 
-__all__ = ["Installed", "decode_attention", "install", "installed", "linear"]
+__all__ = ["Installed", "decode_attention", "install", "installed", "linear", "moe",
+           "moe_layout"]
 
 log = logging.getLogger("tuner.serving")
 
 GEMV_MAX_ROWS = 8  # kernels.gemv serves m <= 8; more rows are gemm's
 DTYPES = (torch.bfloat16, torch.float16)
-FAMILIES = ("gemv", "gemm", "attention")
+FAMILIES = ("gemv", "gemm", "attention", "moe")
 
 _SDPA = F.scaled_dot_product_attention  # torch's own, whatever install does to the name
 _warmed: set[tuple] = set()  # (family, shape items, config items) compiled outside any capture
@@ -71,6 +88,7 @@ _failed: set[tuple] = set()  # (family, shape items): a kernel failed; the basel
 _warned: set[tuple] = set()
 _enabled: set[str] = set(FAMILIES)  # families the installed handle routes
 _route_key = ""  # what the installed routing reads: export folder and families (see _attention_routed)
+_moe_blocks: dict[int, torch.nn.Module] = {}  # installed experts modules by their index (tuner.moe's `block`)
 
 
 def _warn_once(key: tuple, message: str, *args) -> None:
@@ -193,6 +211,44 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out.unsqueeze(2) if squeeze else out
 
 
+def moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor, own=None) -> torch.Tensor:
+    """The expert MLPs of one MoE block (kernels.moe's contract: x [m, hidden], w1 [experts,
+    2 * inter, hidden] gate rows then up rows, w2 [experts, hidden, inter], the router's
+    topk_ids and topk_weights [m, topk]): the moe kernel with the exported config of the call's
+    shape (exact, else nearest m), else `own()` (the caller's own path: transformers' experts
+    forward), else the family's baseline (kernels.moe.baseline)."""
+    from kernels import moe as family
+
+    inputs = {"x": x, "w1": w1, "w2": w2, "topk_ids": topk_ids,
+              "topk_weights": topk_weights.to(torch.float32)}
+
+    def baseline():
+        return own() if own is not None else family.baseline(inputs)
+
+    if not _moe_served(x, w1, w2, topk_ids, topk_weights):
+        return baseline()
+    shape = _moe_shape(x, w1, topk_ids)
+    return _tuned("moe", shape, lambda config: family.launch(inputs, config), baseline)
+
+
+def _moe_served(x, w1, w2, topk_ids, topk_weights) -> bool:
+    """Whether the kernel can take the call at all (dtypes, devices, dimensions)."""
+    return (x.dtype in DTYPES and w1.dtype == x.dtype and w2.dtype == x.dtype and _runs_kernels(x)
+            and x.dim() == 2 and w1.dim() == 3 and w2.dim() == 3 and topk_ids.dim() == 2
+            and topk_ids.shape[0] == x.shape[0] and topk_weights.shape == topk_ids.shape
+            and not topk_ids.dtype.is_floating_point and topk_weights.dtype.is_floating_point
+            and w1.shape[2] == x.shape[1] and w1.shape[1] % 2 == 0
+            and tuple(w2.shape) == (w1.shape[0], x.shape[1], w1.shape[1] // 2))
+
+
+def _moe_shape(x, w1, topk_ids) -> dict:
+    """The moe family's shape of a call (its schema's key order: the one `_failed` keys on)."""
+    return {"m": int(x.shape[0]), "experts": int(w1.shape[0]), "topk": int(topk_ids.shape[1]),
+            "hidden": int(x.shape[1]), "inter": int(w1.shape[1]) // 2,
+            "dtype": str(x.dtype).removeprefix("torch.")}
+
+
 # ------------------------------------------------------------------------------- custom ops
 @torch.library.custom_op("tuner::linear", mutates_args=())
 def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -216,8 +272,103 @@ def _(q, k, v, mask=None, scale=None):
     return torch.empty_like(q)
 
 
+@torch.library.custom_op("tuner::moe", mutates_args=())
+def _moe_op(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
+            topk_weights: torch.Tensor, block: int = -1) -> torch.Tensor:
+    """`block`: the installed experts module's index (its own forward is the fallback), or -1."""
+    module = _moe_blocks.get(block)
+    own = None if module is None else (
+        lambda: type(module).forward(module, x, topk_ids, topk_weights))
+    out = moe(x, w1, w2, topk_ids, topk_weights, own)
+    return out.clone() if out is x else out
+
+
+@_moe_op.register_fake
+def _(x, w1, w2, topk_ids, topk_weights, block=-1):
+    return torch.empty_like(x)
+
+
 def _linear_forward(self, x):
     return torch.ops.tuner.linear(x, self.weight, self.bias)
+
+
+def moe_layout(module) -> tuple[int, int, int] | None:
+    """(experts, hidden, inter) of a transformers fused experts module whose stored weights the
+    moe kernel reads as they are (gate_up_proj [E, 2 * inter, hidden], gate rows then up rows;
+    down_proj [E, hidden, inter]; no biases; SiLU; not expert-parallel), else None."""
+    w1, w2 = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not (isinstance(w1, torch.Tensor) and isinstance(w2, torch.Tensor)
+            and w1.dim() == 3 and w2.dim() == 3):
+        return None
+    # the flags transformers' experts decorator sets (absent before it had them: the defaults)
+    if (getattr(module, "is_transposed", False) or not getattr(module, "is_concatenated", True)
+            or getattr(module, "has_bias", False) or not getattr(module, "has_gate", True)
+            or getattr(module, "has_post_expert_norm", False)
+            or getattr(module, "_is_expert_parallel", False)
+            or any(isinstance(getattr(module, name, None), torch.Tensor)
+                   for name in ("gate_up_proj_bias", "down_proj_bias"))):
+        return None
+    act = getattr(module, "act_fn", None)
+    if not (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"):
+        return None
+    experts, two_inter, hidden = (int(d) for d in w1.shape)
+    if two_inter % 2 or tuple(w2.shape) != (experts, hidden, two_inter // 2):
+        return None
+    return experts, hidden, two_inter // 2
+
+
+def _experts_forward(self, *args, **kwargs):
+    """An installed experts module's forward: a call ``(hidden_states, top_k_index,
+    top_k_weights)`` goes to tuner.moe where the export has its structure; every other call to
+    transformers' own forward (the class's), unchanged."""
+    if not kwargs and len(args) == 3 and _moe_call(self, *args):
+        x, ids, weights = args
+        return torch.ops.tuner.moe(x, self.gate_up_proj, self.down_proj, ids, weights,
+                                   self._tuner_moe[0])
+    return type(self).forward(self, *args, **kwargs)
+
+
+def _moe_call(module, x, ids, weights) -> bool:
+    """Whether an experts call goes to tuner.moe; never raises (anything unexpected:
+    transformers' own forward, one warning)."""
+    try:
+        _index, experts, hidden, inter = module._tuner_moe
+        if not (isinstance(x, torch.Tensor) and isinstance(ids, torch.Tensor)
+                and isinstance(weights, torch.Tensor) and x.dim() == 2 and ids.dim() == 2
+                and weights.shape == ids.shape and ids.shape[0] == x.shape[0]
+                and x.shape[1] == hidden and not ids.dtype.is_floating_point
+                and weights.dtype.is_floating_point and x.dtype in DTYPES
+                and x.dtype == module.gate_up_proj.dtype and _inference(x, weights)
+                and "moe" in _enabled):
+            return False
+        dtype = str(x.dtype).removeprefix("torch.")
+        if torch.compiler.is_compiling():
+            structure = (("experts", experts), ("topk", int(ids.shape[1])), ("hidden", hidden),
+                         ("inter", inter), ("dtype", dtype))
+            return _moe_routed(structure, x.device.type, _route_key)
+        if not _runs_kernels(x):
+            return False
+        shape = _moe_shape(x, module.gate_up_proj, ids)
+        if ("moe", tuple(shape.items())) in _failed:
+            return False
+        if runtime.resolved("moe", shape)[0] is not None:
+            return True
+        runtime.lookup("moe", shape)  # counts the miss
+        return False
+    except Exception as exc:  # noqa: BLE001 - serving must never raise into the caller
+        _warn_once(("moe-call", type(exc).__name__), "MoE experts call not read (%s: %s); "
+                   "transformers' own experts forward runs", type(exc).__name__, exc)
+        return False
+
+
+@torch.compiler.assume_constant_result
+def _moe_routed(structure: tuple, device_type: str, route_key: str) -> bool:
+    """The compiled step's MoE routing decision, as `_attention_routed`: whether the install's
+    moe export has an entry of `structure` (experts, topk, hidden, inter, dtype; any m) and the
+    kernels run on `device_type`. The op resolves the call's m when it runs."""
+    del route_key
+    runs = device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return runs and runtime.has_entries("moe", dict(structure))
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -389,16 +540,19 @@ class Installed:
     families: tuple[str, ...]
     export_dir: Path | None
     linears: list[torch.nn.Module] = field(default_factory=list)
+    experts: list[torch.nn.Module] = field(default_factory=list)  # MoE experts modules routed
     sdpa: bool = False
     hf_sdpa: object = None  # transformers' AttentionInterface whose "sdpa" entry is ours
     _old_env: str | None = None
     active: bool = True
 
     def status(self) -> dict[str, str]:
-        """{family: 'loaded: N entries from ...' / 'missing: ...' / 'refused: ...'}."""
-        for family in self.families:
+        """{family: 'loaded: N entries from ...' / 'missing: ...' / 'refused: ...'}; moe only
+        where the model has MoE experts the install routed."""
+        families = [f for f in self.families if f != "moe" or self.experts]
+        for family in families:
             runtime.resolve(family, {})  # load (and report) each family's export once
-        return {f: s for f, s in runtime.status().items() if f in self.families}
+        return {f: s for f, s in runtime.status().items() if f in families}
 
     def hits(self) -> dict[str, dict[str, int]]:
         """{family: {exported shape key: calls served by that entry}} since install."""
@@ -429,6 +583,10 @@ class Installed:
         for module in self.linears:
             if "forward" in module.__dict__:
                 del module.__dict__["forward"]
+        for module in self.experts:
+            for name in ("forward", "_tuner_moe"):
+                module.__dict__.pop(name, None)
+        _moe_blocks.clear()
         if self.sdpa:
             F.scaled_dot_product_attention = _SDPA
         if self.hf_sdpa is not None and self.hf_sdpa._global_mapping.get("sdpa") is _hf_sdpa:
@@ -446,8 +604,8 @@ class Installed:
 
 def install(model: torch.nn.Module, export_dir: str | Path | None = None,
             families: tuple[str, ...] = FAMILIES) -> Installed:
-    """Route `model`'s nn.Linear modules (and decode SDPA, with "attention" in `families`) through
-    the exported configs; returns the handle. `export_dir`: a folder holding <family>.json and
+    """Route `model`'s nn.Linear modules (decode SDPA with "attention" in `families`, the experts
+    of its MoE blocks with "moe": `moe_layout`) through the exported configs; returns the handle. `export_dir`: a folder holding <family>.json and
     manifest.json (default: $TUNER_EXPORT_DIR, else artifacts/export/<this device>/)."""
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
@@ -473,6 +631,16 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
             if isinstance(module, torch.nn.Linear) and "forward" not in module.__dict__:
                 module.forward = types.MethodType(_linear_forward, module)
                 handle.linears.append(module)
+    if "moe" in families:
+        _moe_blocks.clear()
+        for module in model.modules():
+            layout = moe_layout(module)
+            if layout is not None and "forward" not in module.__dict__:
+                index = len(handle.experts)
+                module.forward = types.MethodType(_experts_forward, module)
+                module._tuner_moe = (index, *layout)  # plain ints: constants under torch.compile
+                _moe_blocks[index] = module
+                handle.experts.append(module)
     if "attention" in families:
         import kernels.attention  # noqa: F401 - it keeps torch's own SDPA before the name moves
 

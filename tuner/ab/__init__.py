@@ -33,7 +33,7 @@ from .measure import ABSettings, compile_backend, step_baseline
 from .verdict import EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, summary_lines
 
 __all__ = ["ABSettings", "ABVerdict", "AB_DIR", "check_phase", "default_baselines", "linear_floors",
-           "plan_lines", "projected_savings", "run"]
+           "moe_attribution_note", "plan_lines", "projected_savings", "run"]
 
 AB_DIR = Path("artifacts") / "ab"
 
@@ -54,7 +54,44 @@ def plan_lines(spec: tuple[str, str], batches: list[int], settings: ABSettings,
             f"{' and '.join(names)} (each its own A/B), capture its {_step_words(settings)} as a CUDA/HIP "
             f"graph three ways (baseline, tuned with {export}, A/A), decode {settings.steps} steps "
             f"per arm against an fp32 reference, time {settings.groups} x {settings.replays} "
-            f"replays per arm and profile each arm for the per-shape attribution"]
+            f"replays per arm and profile each arm for the per-shape attribution"
+            + _moe_plan(spec, settings)]
+
+
+def _moe_plan(spec: tuple[str, str], settings: ABSettings) -> str:
+    """'; the tuned arm routes its N MoE blocks ...' for a transformers MoE config (Qwen2/3-MoE,
+    Mixtral: num_experts or num_local_experts) with moe among the families, else ''."""
+    if spec[0] != "hf" or "moe" not in settings.families:
+        return ""
+    try:
+        config = json.loads(Path(spec[1]).read_text())
+        experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+        topk = int(config["num_experts_per_tok"])
+        hidden = int(config["hidden_size"])
+        inter = int(config.get("moe_intermediate_size") or config["intermediate_size"])
+        layers = int(config["num_hidden_layers"])
+        step = int(config.get("decoder_sparse_step") or 1)
+        dense = set(config.get("mlp_only_layers") or ())
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    blocks = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    if experts < 1 or blocks < 1:
+        return ""
+    return (f"; the tuned arm routes its {blocks} MoE blocks ({experts} experts, top-{topk}, "
+            f"hidden {hidden}, inter {inter}) through tuner.moe where the export has their "
+            f"structure (transformers' own experts elsewhere); the verdict attributes MoE calls "
+            f"per shape only where tuner.harvest yields MoE rows")
+
+
+def moe_attribution_note(serving: dict, tables: dict) -> str:
+    """A line for an A/B whose tuned arm ran tuner.moe (serving: the tuned arm's hits) when the
+    harvested tables have no moe rows to attribute those calls to, else ''."""
+    calls = sum((serving.get("hits") or {}).get("moe", {}).values())
+    if not calls or any(r.get("family") == "moe" for rows in tables.values() for r in rows):
+        return ""
+    return (f"MoE: {calls} calls ran tuner.moe in the tuned arm; they are not attributed per "
+            f"shape (the harvested tables have no moe rows): their saving is in the step time "
+            f"and the residual only")
 
 
 def _step_words(settings: ABSettings) -> str:
@@ -344,6 +381,9 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
                                                 settings.phase)
             if not floors and floor_label:
                 info(f"  {floor_label}")
+    moe_note = moe_attribution_note(child.data.get("serving") or {}, tables) if child.ok else ""
+    if moe_note:
+        info(f"  {moe_note}")
     verdict = decide(child.data if child.ok else None, label=run_label,
                      crashed="" if child.ok else child.reason, tables=tables,
                      projected=projected, floors=floors, floor_profile=floor_label,
@@ -353,6 +393,8 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
     record["seconds"] = child.seconds
     if note:
         record["attribution_note"] = note
+    if moe_note:
+        record["moe_note"] = moe_note
     (directory / "ab.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     (directory / "ab.md").write_text(markdown(verdict))
     for line in summary_lines(verdict):

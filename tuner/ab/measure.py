@@ -70,7 +70,7 @@ class ABSettings:
     groups: int = 20
     replays: int = 10
     export_dir: str | None = None
-    families: tuple[str, ...] = ("gemv", "gemm", "attention")
+    families: tuple[str, ...] = ("gemv", "gemm", "attention", "moe")
     reference: bool = True  # decode the fp32 reference of the same weights
     profile: bool = True  # profile each arm for the per-shape attribution
     profile_steps: int = 5

@@ -63,7 +63,7 @@ def _add_ab(sub) -> None:
                    help="tokens of the prompt (prefill) or of the chunk (mixed) (default 2048)")
     p.add_argument("--export", metavar="DIR",
                    help="export directory to test (default: artifacts/export/<this GPU>)")
-    family_flag(p, default="gemv,gemm,attention", what="kernel families to install")
+    family_flag(p, default="gemv,gemm,attention,moe", what="kernel families to install")
     p.add_argument("--groups", type=int, default=20, help="timing groups per arm (default 20)")
     p.add_argument("--replays", type=int, default=10,
                    help="graph replays per timing group (default 10)")
