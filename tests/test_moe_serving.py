@@ -66,6 +66,24 @@ def test_the_tiny_config_builds_qwen3_moe_blocks_the_route_reads_as_stored():
     assert serving.moe_layout(blocks[0]) is None  # the block itself has no expert weights
 
 
+@pytest.mark.parametrize("model_type,experts,layout", [
+    ("mixtral", {"num_local_experts": 8, "intermediate_size": 32}, (8, 64, 32)),
+    ("qwen2_moe", {"num_experts": 8, "moe_intermediate_size": 32,
+                   "shared_expert_intermediate_size": 64, "intermediate_size": 64}, (8, 64, 32)),
+    # transposed, interleaved gate / up columns, biases, a clamped SwiGLU: not the kernel's
+    ("gpt_oss", {"num_local_experts": 8, "intermediate_size": 32}, None),
+])
+def test_which_transformers_experts_the_route_takes(model_type, experts, layout):
+    import transformers
+
+    config = transformers.AutoConfig.for_model(
+        model_type, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_hidden_layers=1, vocab_size=128, num_experts_per_tok=2, **experts)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    found = [serving.moe_layout(m) for m in model.modules() if hasattr(m, "gate_up_proj")]
+    assert found == [layout]
+
+
 @torch.no_grad()
 def test_the_routed_block_matches_the_reference_as_closely_as_transformers(device, monkeypatch):
     block, x = block_and_input(m=3)
