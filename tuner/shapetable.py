@@ -2,7 +2,8 @@
 
 Every stage that reads or writes shape tables goes through `read` / `write` here, so the columns
 stay exactly those DESIGN.md lists. Extra attention columns (heads, kv_heads, q_len, kv_len,
-head_dim, traced_kv_heads) and `traced_compiled` are allowed after the contract columns.
+head_dim, traced_kv_heads), `traced_compiled` and the moe columns (experts, topk) are allowed
+after the contract columns.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pandas as pd
 from .errors import TunerError
 from .tables import read_parquet, write_parquet
 
-__all__ = ["OPTIONAL_COLUMNS", "PHASES", "REQUIRED_STRINGS", "attribution_key", "empty",
+__all__ = ["MOE_COLUMNS", "OPTIONAL_COLUMNS", "PHASES", "REQUIRED_STRINGS", "attribution_key", "empty",
            "normalize", "read", "validate", "write"]
 
 COLUMNS: dict[str, str] = {
@@ -55,6 +56,11 @@ ATTENTION_COLUMNS: dict[str, str] = {
 # step ran the call (docs/harvest.md says how harvest tells): rank then times the baseline
 # compiled, as that step runs it; written only when some call was
 OPTIONAL_COLUMNS: dict[str, str] = {"traced_compiled": "Int64"}
+
+# Optional columns of moe rows (m tokens, n = intermediate size, k = hidden: kernels/moe.py's
+# shape_from_row): the layer's experts and the experts each token is routed to; written only
+# when the table has a moe row, empty (NA) in its other rows
+MOE_COLUMNS: dict[str, str] = {"experts": "Int64", "topk": "Int64"}
 
 PHASES = ("prefill", "decode", "other")
 
@@ -102,7 +108,7 @@ def validate(df: pd.DataFrame, where: str = "shape table") -> None:
     """TunerError (one line, naming the column and the row) for a cell the ShapeTable contract
     cannot hold: text or NaN in an integer column, text or an infinity in a float column, a
     negative size or count, an empty op/family/phase/dtype, an unknown phase."""
-    columns = dict(COLUMNS, **{c: t for c, t in {**ATTENTION_COLUMNS, **OPTIONAL_COLUMNS}.items()
+    columns = dict(COLUMNS, **{c: t for c, t in {**ATTENTION_COLUMNS, **OPTIONAL_COLUMNS, **MOE_COLUMNS}.items()
                                if c in df.columns})
     for column, dtype in columns.items():
         if column not in df.columns:
@@ -132,7 +138,7 @@ def normalize(df: pd.DataFrame, where: str = "shape table") -> pd.DataFrame:
     out = df[list(COLUMNS) + extra].copy()
     for c, t in COLUMNS.items():
         out[c] = out[c].astype(t)
-    for c, t in {**ATTENTION_COLUMNS, **OPTIONAL_COLUMNS}.items():
+    for c, t in {**ATTENTION_COLUMNS, **OPTIONAL_COLUMNS, **MOE_COLUMNS}.items():
         if c in out.columns:
             out[c] = out[c].astype(t)
     return out.reset_index(drop=True)

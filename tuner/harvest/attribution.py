@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from .moe import moe_call
 from .records import Call, Op, RawTrace, Step
 from .shapes import call_and_empty_size
 from .steps import step_of
@@ -84,21 +85,43 @@ def _attention_call_above(ops: list[Op], i: int, calls: dict) -> int:
     return found
 
 
+def _moe_op_above(ops: list[Op], i: int) -> int:
+    """The outermost MoE op (kind "moe") among op i and its ancestors, or -1."""
+    found = -1
+    while i >= 0:
+        if ops[i].kind == "moe":
+            found = i
+        i = ops[i].parent
+    return found
+
+
 def call_owner(ops: list[Op], i: int, calls: dict) -> int:
-    """The call that a GPU activity launched inside op i belongs to, or -1 (another op's)."""
+    """The call that a GPU activity launched inside op i belongs to, or -1 (another op's).
+
+    Under an attention call: that call. Else the GEMM (or MoE) call op i is. Else, inside a MoE
+    call, that call (its align / sort and expert GEMM kernels), except what the router's top-k
+    op inside it launched (moe_topk: the router's, as the moe family takes topk_ids as input).
+    A linear inside a MoE op (vLLM's shared experts) stays its own call."""
     attn = _attention_call_above(ops, i, calls)
     if attn >= 0:
         return attn
-    return i if i in calls else -1
+    if i in calls:
+        return i
+    if ops[i].kind == "moe_topk":
+        return -1
+    moe = _moe_op_above(ops, i)
+    return moe if moe in calls else -1
 
 
-def select_calls(ops: list[Op]) -> tuple[dict, int, int]:
+def select_calls(ops: list[Op], moe_problems: list | None = None) -> tuple[dict, int, int]:
     """{op index: Call}, how many GEMM/attention ops gave no shape and how many calls had a
     zero size (shapes.call_and_empty_size: dropped).
 
     Attention calls first: the outermost attention op whose dims give a shape (an autograd
     wrapper without dims leaves the call to the op inside it). Then GEMM calls: the innermost
-    GEMM-family op, unless it is part of an attention call.
+    GEMM-family op, unless it is part of an attention call. Then MoE calls: the outermost MoE
+    op, its shape from its dims and those of the MoE ops inside it (moe.moe_call); why a MoE
+    op gave no call is appended to `moe_problems`.
     """
     attention: dict[int, Call] = {}
     unparsed = empty = 0
@@ -125,13 +148,27 @@ def select_calls(ops: list[Op]) -> tuple[dict, int, int]:
             empty += 1
         else:
             calls[i] = c
+    members: dict = {}
+    for j, op in enumerate(ops):
+        if op.kind.startswith("moe"):
+            top = _moe_op_above(ops, j)
+            if top >= 0:
+                members.setdefault(top, []).append(j)
+    for i, inside in members.items():
+        if _attention_call_above(ops, i, calls) >= 0:
+            continue
+        c, why = moe_call(ops, i, sorted((j for j in inside if j != i), key=lambda j: ops[j].ts))
+        if c is not None:
+            calls[i] = c
+        elif moe_problems is not None:
+            moe_problems.append(why)
     return calls, unparsed, empty
 
 
 def mark_compiled(calls: dict, ops: list[Op], regions: list) -> int:
-    """Set traced_compiled = 1 on each call whose op starts inside one of `regions` on its
-    thread ((tid, ts, end) of Inductor's compiled-graph calls, RawTrace.compiled_regions: they
-    do not nest); return how many calls that marks."""
+    """Set traced_compiled = 1 on each GEMM / attention call whose op starts inside one of
+    `regions` on its thread ((tid, ts, end) of Inductor's compiled-graph calls,
+    RawTrace.compiled_regions: they do not nest); return how many calls that marks."""
     spans: dict = {}
     for tid, start, end in regions:
         spans.setdefault(tid, []).append((start, end))
@@ -141,6 +178,10 @@ def mark_compiled(calls: dict, ops: list[Op], regions: list) -> int:
         starts[tid] = [start for start, _ in lst]
     marked = 0
     for i, call in calls.items():
+        if call.family == "moe":
+            # the engines' MoE layer ops are custom ops a compiled graph calls as they are: the
+            # call ran eager inside it (and the moe family's baseline is no Inductor graph)
+            continue
         op = ops[i]
         j = bisect.bisect_right(starts.get(op.tid, []), op.ts) - 1
         if j >= 0 and op.ts <= spans[op.tid][j][1]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 __all__ = [
     "Dialect", "KINETO", "KINETO_2021", "DIALECTS", "CATEGORY_KINDS",
     "GEMM_CORE", "GEMM_WRAPPERS", "GEMM_OPS", "LINEAR_OPS", "ATTN_BHLD", "ATTN_BLHD",
-    "ATTN_NAME_RE",
+    "ATTN_NAME_RE", "MOE_OPS", "MOE_PARTS", "MOE_TOPK_OPS", "MOE_PACKED_VIEW",
     "INDUCTOR_KERNEL_RE", "INDUCTOR_GEMM_RE", "INDUCTOR_GEMM_OP", "COMPILED_REGION_PREFIX",
     "StepMarker", "STEP_MARKERS", "PHASE_WORDS", "ANNOTATION_PREFIXES",
     "DTYPES", "TRACE_SUFFIXES", "RANK_RE", "GPU_NAME_RE", "LAUNCH_BOUND", "UNATTRIBUTED_WARN",
@@ -101,6 +101,30 @@ ATTN_BLHD = frozenset({
 ATTN_NAME_RE = re.compile(r"attn|attention|_vllm_fa\d|mha_(?:varlen_)?fwd|paged_run|ragged_run"
                           r"|batch_(?:decode|prefill)_with|sgl_kernel::fwd|fwd_kvcache",
                           re.IGNORECASE)
+# Fused mixture-of-experts calls (tuner/harvest/moe.py reads their dims; docs/harvest.md lists
+# what each gives). The outermost of these ops is one `moe` call: vLLM's layer op (hidden_states
+# [m, hidden], router_logits [m, E]; read off the real gpt-oss-20b capture in ../shared/traces)
+# and the engines' fused-experts custom ops (hidden_states [m, hidden], w1 [E, 2 inter, hidden],
+# w2 [E, hidden, inter], topk_weights [m, topk], topk_ids [m, topk]: vLLM's and SGLang's
+# fused_moe.py signatures). The Triton fused_moe_kernel they launch belongs to the call.
+MOE_OPS = frozenset({
+    "vllm::moe_forward", "vllm::moe_forward_shared",
+    "vllm::outplace_fused_experts", "vllm::inplace_fused_experts",
+    "sglang::outplace_fused_experts", "sglang::inplace_fused_experts",
+})
+# Ops inside a MoE call whose dims add to its shape and whose kernels count with it: the align /
+# sort of the (token, expert) pairs (topk_ids [m, topk]; triton_kernels' SortTokens: expt_scal,
+# expt_indx [m, topk]).
+MOE_PARTS = frozenset({"_moe_C::moe_align_block_size", "sgl_kernel::moe_align_block_size",
+                       "SortTokens"})
+# The router's top-k inside a MoE call: its dims add to the shape (topk_softmax: topk_weights
+# [m, topk]; triton_kernels' TopK: logits [m, E]), its kernels are the router's (other ops), as
+# the moe family takes topk_ids as an input.
+MOE_TOPK_OPS = frozenset({"_moe_C::topk_softmax", "sgl_kernel::topk_softmax", "TopK"})
+# vLLM's MXFP4 path (gpt-oss, triton_kernels matmul_ogs) passes no weight to any op: its expert
+# weights show only as views of their packed storage, uint8 [E, hidden / 2, 2 inter] (w1) and
+# [E, inter / 2, hidden] (w2), inside the layer's moe_forward.
+MOE_PACKED_VIEW = ("aten::view", "unsigned char")
 # The kernels torch.compile (Inductor) generates are recorded as CPU ops named after the kernel,
 # and the name lists the ops it fused: "triton_poi_fused__scaled_dot_product_cudnn_attention_
 # _to_copy_..._rsqrt..." is a fused elementwise kernel (rotary, norm, casts) next to an attention

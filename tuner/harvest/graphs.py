@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..errors import TunerError
 from .attribution import call_owner, index_ops, mark_compiled, select_calls
+from .moe import moe_notes
 from .reading import read_events, read_header
 from .records import Call, RawTrace
 
@@ -78,6 +79,7 @@ class CapturedGraph:
     calls: list               # the captured calls, in order (also those that launched nothing)
     batch: int | None         # the most common GEMM m of its calls: the batch it was captured at
     compiled_regions: int = 0  # Inductor graph-call ranges in its capture trace (calls marked)
+    notes: list = field(default_factory=list)   # notes of its capture trace (MoE calls left out)
 
     def signature(self) -> tuple:
         """What makes two graphs the same for the join: launches and the calls' shapes."""
@@ -88,7 +90,7 @@ def _call_key(c: Call | None):
     if c is None:
         return None
     return (c.op, c.m, c.n, c.k, c.batch, c.dtype, c.layout, c.heads, c.kv_heads, c.q_len,
-            c.kv_len, c.head_dim)
+            c.kv_len, c.head_dim, c.experts, c.topk)
 
 
 @dataclass
@@ -160,7 +162,8 @@ def graphs_of_capture(path: Path, raw: RawTrace) -> list[CapturedGraph]:
     if not windows:
         return []
     index = index_ops(raw.ops)
-    calls, _unparsed, _empty = select_calls(raw.ops)
+    moe_problems: list = []
+    calls, _unparsed, _empty = select_calls(raw.ops, moe_problems)
     mark_compiled(calls, raw.ops, raw.compiled_regions)
     call_at = {i: c for i, c in calls.items()}
     launches_by_tid: dict = {}
@@ -187,7 +190,8 @@ def graphs_of_capture(path: Path, raw: RawTrace) -> list[CapturedGraph]:
         ms = Counter(c.m for c in window_calls if c.family == "gemm" and c.batch == 1)
         graphs.append(CapturedGraph(path.name, _window_label(raw, tid, start, end, i), launches,
                                     window_calls, ms.most_common(1)[0][0] if ms else None,
-                                    len(raw.compiled_regions)))
+                                    len(raw.compiled_regions),
+                                    [f"{path.name}: {n}" for n in moe_notes(moe_problems)]))
     return graphs
 
 

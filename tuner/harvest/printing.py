@@ -69,7 +69,8 @@ def summarize(result) -> list[str]:
                      f"from {t.steps_from}: {', '.join(parts)}")
         if t.has_gpu and t.gpu_total_us > 0:
             lines.append(f"  GPU time: {100 * t.gpu_in_calls_us / t.gpu_total_us:.1f}% in GEMM/"
-                         f"attention calls, {100 * t.gpu_other_ops_us / t.gpu_total_us:.1f}% other "
+                         f"attention/MoE calls, "
+                         f"{100 * t.gpu_other_ops_us / t.gpu_total_us:.1f}% other "
                          f"ops, {100 * t.gpu_unattributed_us / t.gpu_total_us:.1f}% unattributed")
         g = t.graph
         if g is not None and g.n_launches:

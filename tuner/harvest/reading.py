@@ -346,6 +346,28 @@ def _shaped_op(name) -> bool:
                                   or bool(config.INDUCTOR_GEMV_RE.match(name)))
 
 
+def _other_kind(name: str) -> str:
+    """The kind of a kept op that is no GEMM: attention, moe (a MoE call), moe_part / moe_topk
+    (ops inside one that add to its shape), "view" (kept only as a packed weight view), or ""."""
+    if name in config.MOE_OPS:
+        return "moe"
+    if name in config.MOE_PARTS:
+        return "moe_part"
+    if name in config.MOE_TOPK_OPS:
+        return "moe_topk"
+    if name == config.MOE_PACKED_VIEW[0]:
+        return "view"
+    return "attention" if is_attention(name) else ""
+
+
+def _packed_view(args: dict, dims) -> bool:
+    """Whether an aten::view is of a 3-D uint8 tensor (config.MOE_PACKED_VIEW)."""
+    types = args.get("Input type")
+    return (type(types) is list and bool(types) and types[0] == config.MOE_PACKED_VIEW[1]
+            and type(dims) is list and bool(dims) and type(dims[0]) is list
+            and len(dims[0]) == 3)
+
+
 def _keep_op(e: dict, dialect: config.Dialect, s: _Sink) -> None:
     ts, dur = e.get("ts"), e.get("dur")
     if not _time(ts) or not _duration(dur):
@@ -393,10 +415,12 @@ def _keep_op(e: dict, dialect: config.Dialect, s: _Sink) -> None:
     else:
         kind = s.op_kinds.get(name)
         if kind is None:
-            kind = s.op_kinds[name] = "attention" if is_attention(name) else ""
+            kind = s.op_kinds[name] = _other_kind(name)
+        if kind == "view":
+            kind = "moe_part" if _packed_view(args, dims) else ""
         if not kind:
             return
-    if dims is None:
+    if dims is None and kind in ("gemm", "attention"):
         s.n_nodims += 1
     tid = _tid(e.get("tid"))
     types, strides = args.get("Input type") or [], args.get("Input Strides") or []

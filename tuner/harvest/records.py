@@ -10,7 +10,7 @@ __all__ = ["Op", "Call", "Step", "RawTrace", "TraceData", "union_length"]
 
 @dataclass
 class Op:
-    """A GEMM-family or attention CPU op, as recorded."""
+    """A GEMM-family, attention or MoE CPU op (or an op inside a MoE call), as recorded."""
     name: str
     tid: object
     ts: float
@@ -19,14 +19,15 @@ class Op:
     dims: list
     types: list
     strides: list
-    kind: str              # "gemm" or "attention"
+    kind: str              # "gemm", "attention", "moe", or "moe_part" / "moe_topk" (inside a moe call)
     parent: int = -1       # index of the enclosing GEMM/attention op on the same thread
     has_gemm_child: bool = False
 
 
 @dataclass
 class Call:
-    """One GEMM or attention call with its shape and the GPU time of the kernels it launched."""
+    """One GEMM, attention or MoE call with its shape and the GPU time of the kernels it launched
+    (a MoE call: m tokens, n = intermediate size, k = hidden, experts, topk; tuner/harvest/moe.py)."""
     op: str
     family: str
     m: int
@@ -44,6 +45,8 @@ class Call:
     traced_kv_heads: int | None = None   # harvest --kv-heads: the repeated cache's KV heads
     traced_compiled: int | None = None   # 1: ran inside a torch.compile'd (Inductor) graph
     tokens: int | None = None     # varlen attention: query tokens of all requests (q's dim 0)
+    experts: int | None = None    # moe: experts of the layer (w1's E)
+    topk: int | None = None       # moe: experts each token is routed to
     linears: int = 1              # linear calls its kernel computes (shapes.reduction_linears)
     gpu_us: float = 0.0
     n_kernels: int = 0

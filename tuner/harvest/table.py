@@ -18,7 +18,7 @@ __all__ = ["KEY_FIELDS", "MAX_KV_ROWS", "kv_buckets", "aggregate"]
 # what makes two calls the same row (with the phase of their step)
 KEY_FIELDS = ("op", "family", "m", "n", "k", "batch", "dtype", "layout",
               "heads", "kv_heads", "q_len", "kv_len", "head_dim", "traced_kv_heads",
-              "traced_compiled")
+              "traced_compiled", "experts", "topk")
 # decode attention: a serving trace has another KV length at every step; above this many, the
 # calls of one signature are bucketed into this many rows by KV length
 MAX_KV_ROWS = 8
@@ -101,6 +101,8 @@ def aggregate(traces: list[TraceData], phase: str | None = None) -> pd.DataFrame
         df = df.drop(columns="traced_kv_heads")
     if df["traced_compiled"].isna().all():   # only a torch.compile'd step's trace sets it
         df = df.drop(columns="traced_compiled")
+    if df["experts"].isna().all():           # only moe rows have experts and topk
+        df = df.drop(columns=list(shapetable.MOE_COLUMNS))
     df = df.sort_values(["share", "calls_per_step", "us_per_call"], ascending=False,
                         na_position="last", kind="stable")
     return shapetable.normalize(df)
@@ -122,7 +124,8 @@ def _row(fields: dict, ph: str, cs: list, st: list[Step], has_gpu: bool, source:
             kernels[kn] = kernels.get(kn, 0) + cnt
     return dict(
         **{k: v for k, v in fields.items()
-           if k not in shapetable.ATTENTION_COLUMNS and k not in shapetable.OPTIONAL_COLUMNS},
+           if k not in shapetable.ATTENTION_COLUMNS and k not in shapetable.OPTIONAL_COLUMNS
+           and k not in shapetable.MOE_COLUMNS},
         phase=ph, calls=len(cs), steps=n_steps, calls_per_step=cps, us_per_call=us,
         step_us=step_us, step_gpu_us=step_gpu,
         share=(us * cps / step_us) if step_us and step_us > 0 else math.nan,
@@ -130,4 +133,5 @@ def _row(fields: dict, ph: str, cs: list, st: list[Step], has_gpu: bool, source:
         source=source, device=device,
         **{k: fields[k] for k in shapetable.ATTENTION_COLUMNS},
         **{k: fields[k] for k in shapetable.OPTIONAL_COLUMNS},
+        **{k: fields[k] for k in shapetable.MOE_COLUMNS},
     )

@@ -15,6 +15,7 @@ from . import config
 from .attribution import attribute_activities, index_ops, mark_compiled, select_calls
 from .files import trace_rank
 from .graphs import capture_windows, graph_launches, join_replay
+from .moe import moe_notes
 from .reading import OP_WITHOUT_TIME, read_events, read_header
 from .records import RawTrace, Step, TraceData
 from .shapes import complete_decode_attention, split_linears
@@ -161,7 +162,9 @@ def _read_trace(path: Path, steps: int | None, graphs: list, device_name: str | 
     _check_raw(path, raw, notes, joining)
 
     index = index_ops(raw.ops)
-    call_of_op, unparsed, empty = select_calls(raw.ops)
+    moe_problems: list[str] = []
+    call_of_op, unparsed, empty = select_calls(raw.ops, moe_problems)
+    notes.extend(moe_notes(moe_problems))
     if unparsed:
         notes.append(f"{unparsed} GEMM/attention ops whose dims give no GEMM or attention shape "
                      "(e.g. a matrix-vector matmul) are skipped")
@@ -181,6 +184,8 @@ def _read_trace(path: Path, steps: int | None, graphs: list, device_name: str | 
     step_list, steps_from = _steps(raw, steps, notes)
     join = _join(path, raw, graphs, step_list, notes) if graphs else None
     calls = list(call_of_op.values()) + (join.calls if join else [])
+    if join:
+        notes.extend(dict.fromkeys(n for g in graphs for n in g.notes))
     outside = _assign_calls(calls, step_list)
     split = attribute_activities(raw, index, call_of_op, step_list, notes,
                                  joined=join.assignments if join else None)

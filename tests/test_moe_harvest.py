@@ -1,0 +1,193 @@
+"""Harvest of fused MoE calls (tuner/harvest/moe.py) on the real vLLM gpt-oss-20b pair cut to two
+layers (tests/fixtures/traces/vllm_gptoss20b_moe_2l_*, cut_vllm_moe.py), the engines'
+fused-experts op dims, the rows the moe family and the budget read, and what is left out."""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harvest_helpers import load_events, row
+from tuner import budget, harvest, shapetable
+from tuner.device import load_profile
+from tuner.harvest.moe import moe_call
+from tuner.harvest.records import Op
+
+FIXTURES = Path(__file__).parent / "fixtures" / "traces"
+CAPTURE = FIXTURES / "vllm_gptoss20b_moe_2l_capture.pt.trace.json.gz"
+REPLAY = FIXTURES / "vllm_gptoss20b_moe_2l_replay.pt.trace.json.gz"
+MOE_KERNELS = ("_sum_bitmatrix_rows", "_combined_routing_memset", "_combined_routing_compute",
+               "_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1_swiglu",
+               "_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1", "_finalize_matmul_scatter_bf16")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    out = tmp_path_factory.mktemp("moe") / "gptoss.parquet"
+    result = harvest.harvest([REPLAY], out, quiet=True, capture=[CAPTURE],
+                             device_name="AMD Instinct MI300X")
+    return result, shapetable.read(out), out
+
+
+def _replay_moe_us() -> list[float]:
+    """Per layer: the summed GPU time of its MoE kernels (the top-k kernel is the router's),
+    straight from the replay's JSON: the graph's kernels in time order, one run per layer."""
+    kernels = sorted((e for e in load_events(REPLAY) if e.get("cat") == "kernel"),
+                     key=lambda e: e["ts"])
+    per_layer, current = [], 0.0
+    for e in kernels:
+        if e["name"] in MOE_KERNELS:
+            current += e["dur"]
+            if e["name"] == "_finalize_matmul_scatter_bf16":   # the last kernel of a layer's MoE
+                per_layer.append(current)
+                current = 0.0
+    return per_layer
+
+
+def test_the_gptoss_moe_layer_is_one_row_with_its_shape_and_time(pair):
+    result, df, _out = pair
+    moe = row(df, family="moe")
+    assert moe.op == "vllm::moe_forward" and moe.phase == "decode"
+    # hidden_states [32, 3072] (2880 padded), router_logits [32, 32], SortTokens [32, 4], the
+    # packed w1 [32, 1536, 5888] and w2 [32, 1472, 3072]
+    assert (moe.m, moe.experts, moe.topk, moe.k, moe.n) == (32, 32, 4, 3072, 2944)
+    assert moe["dtype"] == "mxfp4" and moe.batch == 1
+    assert moe.calls_per_step == 2 and moe.calls == 2
+    per_layer = _replay_moe_us()
+    assert len(per_layer) == 2 and min(per_layer) > 0
+    assert moe.us_per_call == pytest.approx(statistics.median(per_layer), rel=1e-9)
+    assert set(moe.kernels.split("; ")) == set(MOE_KERNELS)
+    assert pd.isna(moe.traced_compiled)          # a custom op the compiled graph calls as it is
+    # the dense rows are still there, with no experts / topk
+    router = row(df, op="aten::addmm", n=32, k=2880)
+    assert router.calls_per_step == 2 and pd.isna(router.experts) and pd.isna(router.topk)
+
+
+def test_no_moe_kernel_is_counted_twice_or_as_a_gemm(pair):
+    result, df, _out = pair
+    for r in df[df.family != "moe"].itertuples():
+        assert not any(k in MOE_KERNELS or k == "_topk_forward" for k in r.kernels.split("; "))
+    assert "_topk_forward" not in row(df, family="moe").kernels    # the router's top-k
+    t = result.traces[0]
+    in_rows = sum(c.gpu_us for c in t.calls)
+    assert in_rows == pytest.approx(t.gpu_in_calls_us, rel=1e-9)
+    assert t.gpu_in_calls_us + t.gpu_other_ops_us + t.gpu_unattributed_us == pytest.approx(
+        t.gpu_total_us, rel=1e-9)
+
+
+def test_the_moe_family_reads_the_row_and_refuses_mxfp4(pair):
+    from kernels import get_family
+
+    _result, df, _out = pair
+    moe = row(df, family="moe")
+    family = get_family("moe")
+    assert family.shape_from_row(moe) is None    # its kernels run bf16 / fp16 weights
+    as_bf16 = moe.copy()
+    as_bf16["dtype"] = "bfloat16"
+    assert family.shape_from_row(as_bf16) == {"m": 32, "experts": 32, "topk": 4, "hidden": 3072,
+                                              "inter": 2944, "dtype": "bfloat16"}
+
+
+def test_budget_gives_a_served_moe_row_its_family_floor(pair, tmp_path, capsys):
+    from kernels import get_family
+    from tuner.cli import main
+
+    _result, df, _out = pair
+    profile = load_profile("h200")
+    judged = budget.compute(df, profile)
+    mx = judged[judged.family == "moe"].iloc[0]
+    assert math.isnan(mx.floor_us) and "moe family serves no such row" in mx.reason
+
+    table = df.copy()
+    table.loc[table.family == "moe", "dtype"] = "bfloat16"   # the same shape with bf16 weights
+    shapes = shapetable.write(table, tmp_path / "bf16.parquet")
+    assert main(["budget", str(shapes), "--device", "h200", "-o", str(tmp_path / "b.parquet")]) == 0
+    out = capsys.readouterr().out
+    assert "m=32 E=32 top4 hidden=3072 inter=2944" in out
+    written = budget.read(tmp_path / "b.parquet")
+    moe = written[written.family == "moe"].iloc[0]
+    family = get_family("moe")
+    shape = family.shape_from_row(moe)
+    assert moe.bytes == family.bytes_moved(shape) and moe.flops == family.flops(shape)
+    assert moe.floor_us == pytest.approx(budget.floor_us(moe.bytes, moe.flops, "bfloat16", profile))
+    assert moe.floor_us > 0
+
+
+def test_a_capture_without_the_packed_weights_gives_no_moe_row_and_says_why(tmp_path):
+    """Without the weight views nothing gives the intermediate size: no row (never a guessed
+    one), a note naming what is missing, and the MoE kernels are other ops, not a GEMM's."""
+    trace = json.loads(gzip.open(CAPTURE).read())
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if not (
+        e.get("name") == "aten::view" and (e.get("args") or {}).get("Input type", [""])[0]
+        == "unsigned char")]
+    capture = tmp_path / "no_views_capture.pt.trace.json.gz"
+    with gzip.open(capture, "wt") as f:
+        json.dump(trace, f)
+    result = harvest.harvest([REPLAY], tmp_path / "t.parquet", quiet=True, capture=[capture],
+                             device_name="AMD Instinct MI300X")
+    df = result.table
+    assert "moe" not in set(df.family) and "experts" not in df.columns
+    notes = result.traces[0].notes
+    assert any("2 MoE call(s) left out" in n and "vllm::moe_forward" in n
+               and "give no inter, dtype" in n for n in notes), notes
+    for r in df.itertuples():
+        assert not any(k in MOE_KERNELS for k in r.kernels.split("; "))
+
+
+def _op(name, ts, end, dims, types=()):
+    return Op(name, 1, ts, end, None, dims, list(types), [], "moe")
+
+
+def test_fused_experts_dims_give_the_whole_shape():
+    """vLLM's and SGLang's fused-experts ops: hidden_states, w1 [E, 2 inter, hidden], w2 [E,
+    hidden, inter], topk_weights, topk_ids (their fused_moe.py signatures)."""
+    dims = [[8, 2048], [128, 1536, 2048], [128, 2048, 768], [8, 8], [8, 8], [], []]
+    types = ["c10::BFloat16", "c10::BFloat16", "c10::BFloat16", "float", "int"]
+    for name in ("vllm::outplace_fused_experts", "sglang::inplace_fused_experts"):
+        c, why = moe_call([_op(name, 0.0, 10.0, dims, types)], 0, [])
+        assert why == "" and (c.m, c.experts, c.topk, c.k, c.n, c.dtype, c.family) == (
+            8, 128, 8, 2048, 768, "bfloat16", "moe")
+
+
+def test_moe_dims_that_do_not_give_a_shape_give_no_call():
+    # the layer op alone: m, hidden and the router's E, but no top-k, weights or dtype
+    alone = [_op("vllm::moe_forward", 0.0, 10.0, [[32, 3072], [32, 32], [], []])]
+    c, why = moe_call(alone, 0, [])
+    assert c is None and "give no topk, inter, dtype" in why
+    # int4-packed (or non-gated) weights: w1 [E, 2 inter, hidden / 2] is not read as a shape
+    packed = [[8, 2048], [128, 1536, 1024], [128, 2048, 384], [8, 8], [8, 8]]
+    c, why = moe_call([_op("vllm::inplace_fused_experts", 0.0, 1.0, packed)], 0, [])
+    assert c is None and "are not [E, 2 inter, hidden]" in why
+    # two ops that disagree on the top-k
+    ops = [_op("vllm::moe_forward", 0.0, 10.0, [[32, 3072], [32, 32]]),
+           _op("SortTokens", 1.0, 2.0, [[32, 4], [32, 4], []]),
+           _op("_moe_C::moe_align_block_size", 3.0, 4.0, [[32, 2], [], []])]
+    c, why = moe_call(ops, 0, [1, 2])
+    assert c is None and why == "topk 4 from SortTokens but 2 from _moe_C::moe_align_block_size"
+
+
+def test_a_table_without_moe_columns_still_reads(tmp_path):
+    """A ShapeTable written before the moe columns (or of a dense model) has no experts / topk:
+    it reads as it was, and the moe family serves none of its rows."""
+    from kernels import get_family
+
+    table = pd.DataFrame([dict(op="aten::mm", family="gemm", phase="decode", m=4, n=896, k=896,
+                               batch=1, dtype="bfloat16", layout="NT", calls=24, steps=1,
+                               calls_per_step=24.0, us_per_call=4.0, step_us=1000.0,
+                               step_gpu_us=500.0, share=0.1, kernels="k", source="s",
+                               device="d")])
+    back = shapetable.read(shapetable.write(table, tmp_path / "old.parquet"))
+    assert "experts" not in back.columns and back.m.tolist() == [4]
+    assert get_family("moe").shape_from_row(back.iloc[0]) is None
+
+
+def test_moe_columns_round_trip(pair):
+    _result, df, out = pair
+    assert str(df.experts.dtype) == "Int64" and str(df.topk.dtype) == "Int64"
+    again = shapetable.read(out)
+    assert again.experts.tolist() == df.experts.tolist()

@@ -1,0 +1,140 @@
+"""Fused mixture-of-experts calls: the shape of one MoE layer call from the dims of its ops.
+
+A MoE call is the outermost MoE op (config.MOE_OPS: vLLM's `vllm::moe_forward`, the engines'
+`*::outplace_fused_experts` / `*::inplace_fused_experts`). Its shape is what the kernels/moe.py
+family reads off a ShapeTable row of family `moe`: m tokens, n = the intermediate size, k = the
+hidden size, the experts and the top-k, and the weights' dtype. Each field comes from the dims
+of the call's op or of the ops inside it:
+
+| op | Input Dims | gives |
+| --- | --- | --- |
+| `vllm::moe_forward(_shared)` | hidden_states [m, hidden], router_logits [m, E] | m, hidden, E (router) |
+| `*::outplace_fused_experts`, `*::inplace_fused_experts` | hidden_states [m, hidden], w1 [E, 2 inter, hidden], w2 [E, hidden, inter], topk_weights, topk_ids [m, topk] | all (dtype: w1's) |
+| `_moe_C::topk_softmax`, `sgl_kernel::topk_softmax` | topk_weights [m, topk] | m, topk |
+| `_moe_C::moe_align_block_size`, `sgl_kernel::moe_align_block_size` | topk_ids [m, topk] | m, topk |
+| triton_kernels `TopK` / `SortTokens` (vLLM's gpt-oss path) | logits [m, E] / expt_indx [m, topk] | m, E / m, topk |
+| `aten::view` of uint8 [E, hidden/2, 2 inter] and [E, inter/2, hidden] (gpt-oss MXFP4) | the packed w1, w2 | inter, E, dtype `mxfp4` |
+
+Sources that disagree, or fields no op gives, leave the call out with the reason (a note of the
+trace): never a row of guessed numbers. The experts are the weights' E where the weights are
+among the dims (with expert parallelism the router's E is the global count), else the router's.
+"""
+
+from __future__ import annotations
+
+from .records import Call, Op
+from .shapes import _dtype, _input
+
+__all__ = ["FIELDS", "MXFP4", "moe_call", "moe_notes"]
+
+FIELDS = ("m", "experts", "topk", "hidden", "inter", "dtype")
+MXFP4 = "mxfp4"   # 4-bit weights packed two to a uint8 byte, vLLM's MXFP4 (gpt-oss) path
+
+
+def _matrix(dims: list, i: int) -> list | None:
+    d = _input(dims, i)
+    return d if d is not None and len(d) == 2 else None
+
+
+def _facts(op: Op) -> dict:
+    """What one op's dims say about the call: some of FIELDS, "router_experts", "packed" (a
+    packed weight view's sizes) or "problem" (why its dims cannot be read)."""
+    name, dims = op.name, op.dims
+    if name.endswith("fused_experts"):
+        x, ids = _matrix(dims, 0), _matrix(dims, 4)
+        w1, w2 = _input(dims, 1), _input(dims, 2)
+        if x is None or ids is None or w1 is None or w2 is None or len(w1) != 3 or len(w2) != 3:
+            return {"problem": f"{name}'s dims are not hidden_states [m, hidden], w1, w2 "
+                               "[E, ., .], topk_weights, topk_ids [m, topk]"}
+        hidden = x[1]
+        if not (w1[2] == hidden == w2[1] and w1[1] == 2 * w2[2] and w1[0] == w2[0]):
+            return {"problem": f"{name}'s w1 {w1} and w2 {w2} are not [E, 2 inter, hidden] and "
+                               f"[E, hidden, inter] at hidden {hidden} (packed or non-gated "
+                               "weights)"}
+        return {"m": x[0], "hidden": hidden, "experts": w1[0], "inter": w2[2], "topk": ids[1],
+                "dtype": _dtype(op.types, 1)}
+    if name.startswith("vllm::moe_forward"):
+        x, logits = _matrix(dims, 0), _matrix(dims, 1)
+        if x is None:
+            return {"problem": f"{name}'s hidden_states is not [m, hidden]"}
+        out = {"m": x[0], "hidden": x[1]}
+        if logits is not None and logits[0] == x[0]:
+            out["router_experts"] = logits[1]
+        return out
+    if name == "TopK":
+        logits = _matrix(dims, 0)
+        return {"m": logits[0], "router_experts": logits[1]} if logits else {}
+    if name == "SortTokens":
+        ids = _matrix(dims, 1)
+        return {"m": ids[0], "topk": ids[1]} if ids else {}
+    if name == "aten::view":
+        return {"packed": _input(dims, 0)}
+    ids = _matrix(dims, 0)        # topk_softmax's topk_weights, align's topk_ids
+    return {"m": ids[0], "topk": ids[1]} if ids else {}
+
+
+def _packed_weights(views: list, hidden: int | None) -> tuple[dict, str]:
+    """(experts, inter, dtype) of the gpt-oss MXFP4 path from its packed weight views: w1 [E,
+    hidden/2, 2 inter] and w2 [E, inter/2, hidden], uint8; ({}, why) when they are not that."""
+    if hidden is None:
+        return {}, ""
+    w1s = {tuple(v) for v in views if 2 * v[1] == hidden}
+    w2s = {tuple(v) for v in views if v[2] == hidden}
+    pairs = {(w1[0], 2 * w2[1]) for w1 in w1s for w2 in w2s
+             if w1[0] == w2[0] and w1[2] == 4 * w2[1]}
+    if len(pairs) != 1:
+        return {}, (f"its packed uint8 weight views {sorted(map(list, set(map(tuple, views))))} "
+                    f"are not one w1 [E, hidden/2, 2 inter] and w2 [E, inter/2, hidden] at "
+                    f"hidden {hidden}")
+    experts, inter = pairs.pop()
+    return {"experts": experts, "inter": inter, "dtype": MXFP4}, ""
+
+
+def moe_call(ops: list[Op], i: int, members: list[int]) -> tuple[Call | None, str]:
+    """(the Call of MoE op i, "") from its dims and those of `members` (the MoE ops inside it,
+    in time order), or (None, why it gives no shape)."""
+    op = ops[i]
+    facts: dict = {}
+    where: dict = {}
+    views: list = []
+    for j in [i] + members:
+        found = _facts(ops[j])
+        if "problem" in found:
+            return None, found["problem"]
+        view = found.pop("packed", None)
+        if view is not None:
+            views.append(view)
+        for key, value in found.items():
+            if key in facts and facts[key] != value:
+                return None, (f"{key} {facts[key]} from {where[key]} but {value} from "
+                              f"{ops[j].name}")
+            facts.setdefault(key, value)
+            where.setdefault(key, ops[j].name)
+    if "inter" not in facts and views:
+        packed, why = _packed_weights(views, facts.get("hidden"))
+        if why:
+            return None, why
+        facts.update(packed)
+    router = facts.pop("router_experts", None)
+    facts.setdefault("experts", router)
+    if facts["experts"] is None:
+        del facts["experts"]
+    missing = [f for f in FIELDS if f not in facts]
+    if missing:
+        return None, (f"the dims of {op.name} and the ops inside it give no "
+                      f"{', '.join(missing)}")
+    if min(facts[f] for f in FIELDS if f != "dtype") <= 0 or facts["topk"] > facts["experts"]:
+        sizes = ", ".join(f"{f}={facts[f]}" for f in FIELDS)
+        return None, f"a zero size or a top-k above the experts ({sizes})"
+    return Call(op=op.name, family="moe", m=facts["m"], n=facts["inter"], k=facts["hidden"],
+                batch=1, dtype=facts["dtype"], layout="", ts=op.ts, experts=facts["experts"],
+                topk=facts["topk"]), ""
+
+
+def moe_notes(problems: list[str]) -> list[str]:
+    """One note per reason MoE ops gave no call, with how many."""
+    counts: dict = {}
+    for why in problems:
+        counts[why] = counts.get(why, 0) + 1
+    return [f"{n} MoE call(s) left out, their dims do not give the shape: {why}"
+            for why, n in counts.items()]
