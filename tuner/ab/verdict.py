@@ -329,7 +329,7 @@ def _f(value, fmt: str) -> str:
 
 
 def summary_lines(v: ABVerdict) -> list[str]:
-    out = [f"A/B {v.label} (baseline {v.baseline}: decode step {v.step_mode}, one CUDA/HIP graph"
+    out = [f"A/B {v.label} (baseline {v.baseline}: the step {v.step_mode}, one CUDA/HIP graph"
            + (f"; decode attention {v.attention_baseline} on the grouped cache"
               if v.attention_baseline else "") + ")"]
     if v.crashed:
