@@ -128,6 +128,43 @@ def test_the_grouped_attention_call_pairs_with_the_repeated_baseline_call():
     assert row["projected_saving_us"] == 267.0
 
 
+def _moe_row(op: str, us_per_call: float, m: int = 8, **over) -> dict:
+    """A harvested moe row of a 48-layer step (Qwen3-30B-A3B's experts at m tokens)."""
+    return {"op": op, "family": "moe", "phase": "decode", "m": m, "n": 768, "k": 2048,
+            "experts": 128, "topk": 8, "batch": 1, "dtype": "bfloat16", "calls_per_step": 48.0,
+            "us_per_call": us_per_call, "kernels": f"{op}_kernel", "step_us": 9000.0,
+            "step_gpu_us": 8000.0, **over}
+
+
+def test_moe_calls_are_attributed_where_both_arms_have_their_rows():
+    linear = {"op": "aten::mm", "family": "gemm", "phase": "decode", "m": 8, "n": 4096,
+              "k": 2048, "calls_per_step": 48.0, "us_per_call": 10.0, "kernels": "gemm",
+              "step_us": 9000.0, "step_gpu_us": 8000.0}
+    key = "moe m=8 E=128 top8 hidden=2048 inter=768"
+    base = [linear, _moe_row("vllm::outplace_fused_experts", 60.0)]
+    tuned = [dict(linear, step_gpu_us=7000.0), _moe_row("tuner::moe", 40.0, step_gpu_us=7000.0)]
+    rows, residual = abv.attribution_rows({"baseline": base, "tuned": tuned}, {key: 900.0},
+                                          {"baseline": 9000.0, "tuned": 8000.0})
+    moe = next(r for r in rows if r["shape"] == key)
+    assert moe["calls_per_step"] == 48.0 and moe["measured_saving_us"] == pytest.approx(48 * 20.0)
+    assert moe["projected_saving_us"] == 900.0
+    assert moe["baseline_kernels"] == ["vllm::outplace_fused_experts_kernel"]
+    assert residual["attributed_kernels_us"] == pytest.approx(48 * 20.0)
+    assert residual["other_kernels_us"] == pytest.approx((8000 - 48 * 70) - (7000 - 48 * 50))
+
+    # the tuned arm's row alone (transformers' grouped-mm experts give the baseline none): not
+    # attributed; its time stays in the tuned arm's other kernels, as the baseline's does
+    rows, residual = abv.attribution_rows({"baseline": [linear], "tuned": tuned}, {key: 900.0},
+                                          {"baseline": 9000.0, "tuned": 8000.0})
+    assert [r["shape"] for r in rows] == ["m=8,n=4096,k=2048"]
+    assert residual["attributed_kernels_us"] == pytest.approx(0.0)
+    assert residual["other_kernels_us"] == pytest.approx((8000 - 480) - (7000 - 480))
+    # and so with rows of two different MoE shapes
+    other = [linear, _moe_row("vllm::outplace_fused_experts", 60.0, m=16)]
+    assert abv.paired_moe_keys({"baseline": other, "tuned": tuned}) == set()
+    assert abv.paired_moe_keys({"baseline": base, "tuned": tuned}) == {key}
+
+
 def test_the_ceiling_is_the_baseline_step_with_every_linear_at_its_floor():
     data = recorded(base=1000.0, tuned=900.0, aa=1000.0)
     base = [{"op": "aten::mm", "family": "gemm", "phase": "decode", "m": 1, "n": 4096, "k": 4096,
@@ -317,6 +354,42 @@ def test_the_baseline_steps_repeated_call_projects_the_entry_the_tuned_step_serv
         "attention b=4 h=8 kv=146 d=64": pytest.approx(36.0)}
     assert ab.projected_savings(folder, [row], [row]) == {}   # MHA: served as it was recorded
     assert ab.projected_savings(folder, [row]) == {}
+    runtime.reset()
+
+
+def test_the_export_projects_its_moe_saving_at_the_nearest_m(monkeypatch, tmp_path):
+    """The moe.json entry at m = 16 serves the step's m = 12 calls (tuner.runtime's nearest m):
+    its measured saving per call (write_export: 5.0 -> 4.0 us) x the step's 48 calls; a call of
+    another structure (64 experts) has no entry. Without moe rows in the baseline step (its
+    grouped-mm experts give none) the tuned step's tuner::moe rows are projected."""
+    from kernels import get_family
+    from test_serving import IDENTITY, write_export
+    from tuner.shapetable import attribution_key
+
+    monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
+    monkeypatch.delenv("TUNER_EXPORT_DIR", raising=False)
+    write_export(tmp_path / "export", [("moe", {"m": 16, "experts": 128, "topk": 8,
+                                                "hidden": 2048, "inter": 768,
+                                                "dtype": "bfloat16"})])
+    folder = tmp_path / "export" / "nvidia-h200"
+    served = _moe_row("vllm::outplace_fused_experts", 60.0, m=12)
+    other = _moe_row("vllm::outplace_fused_experts", 60.0, m=12, experts=64)
+    key = "moe m=12 E=128 top8 hidden=2048 inter=768"
+    paths: list = []
+    assert ab.projected_savings(folder, [served, other], [], paths) == {
+        key: pytest.approx(48.0)}
+    assert paths == ["eager"]
+    # the report names a verdict's moe shape (hidden, inter) as the attribution names the row
+    shape = get_family("moe").shape_from_row(served)
+    assert attribution_key({"family": "moe", **shape}) == attribution_key(served) == key
+    tuned = _moe_row("tuner::moe", 40.0, m=12)
+    assert ab.projected_savings(folder, [], [tuned]) == {key: pytest.approx(48.0)}
+    # the baseline step's own moe rows are the calls projected when it has them
+    assert ab.projected_savings(folder, [other], [tuned]) == {}
+    # a step with no moe call anywhere projects none
+    linear = {"op": "aten::mm", "family": "gemm", "phase": "decode", "m": 12, "n": 768,
+              "k": 2048, "batch": 1, "dtype": "bfloat16", "layout": "NT", "calls_per_step": 48.0}
+    assert ab.projected_savings(folder, [linear], [linear]) == {}
     runtime.reset()
 
 

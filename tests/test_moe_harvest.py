@@ -3,6 +3,7 @@ layers (tests/fixtures/traces/vllm_gptoss20b_moe_2l_*, cut_vllm_moe.py), the eng
 fused-experts op dims, the rows the moe family and the budget read, and what is left out."""
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
@@ -191,3 +192,73 @@ def test_moe_columns_round_trip(pair):
     assert str(df.experts.dtype) == "Int64" and str(df.topk.dtype) == "Int64"
     again = shapetable.read(out)
     assert again.experts.tolist() == df.experts.tolist()
+
+
+# the dims and types the CPU profiler records for tuner.serving's op in the tiny Qwen3-MoE decode
+# step (tests/fixtures/ab/tiny_qwen3_moe.json at batch 2: E 8, top-2, hidden 64, inter 32)
+TUNER_MOE_DIMS = [[2, 64], [8, 64, 64], [8, 64, 32], [2, 2], [2, 2], []]
+TUNER_MOE_TYPES = ["c10::BFloat16", "c10::BFloat16", "c10::BFloat16", "long int",
+                   "c10::BFloat16", "Scalar"]
+
+
+def test_tuner_moe_dims_give_the_whole_shape():
+    """tuner.serving's op: x [m, hidden], w1 [E, 2 inter, hidden], w2 [E, hidden, inter],
+    topk_ids [m, topk], topk_weights [m, topk], block."""
+    c, why = moe_call([_op("tuner::moe", 0.0, 10.0, TUNER_MOE_DIMS, TUNER_MOE_TYPES)], 0, [])
+    assert why == "" and (c.op, c.family, c.m, c.experts, c.topk, c.k, c.n, c.dtype) == (
+        "tuner::moe", "moe", 2, 8, 2, 64, 32, "bfloat16")
+    # 16 tokens at top-4 on 128 experts, hidden 2048, inter 768 (Qwen3-30B-A3B's experts)
+    dims = [[16, 2048], [128, 1536, 2048], [128, 2048, 768], [16, 4], [16, 4], []]
+    c, why = moe_call([_op("tuner::moe", 0.0, 1.0, dims, TUNER_MOE_TYPES)], 0, [])
+    assert (c.m, c.experts, c.topk, c.k, c.n) == (16, 128, 4, 2048, 768)
+    # topk_ids missing from its place (input 3): no shape, and the note names the signature
+    c, why = moe_call([_op("tuner::moe", 0.0, 1.0, dims[:3], TUNER_MOE_TYPES)], 0, [])
+    assert c is None and why.startswith("tuner::moe's dims are not x [m, hidden]")
+
+
+def test_the_tuned_steps_tuner_moe_calls_harvest_as_moe_rows(tmp_path, monkeypatch):
+    """The tiny Qwen3-MoE decode step profiled on the CPU (record_shapes) with and without
+    tuner.serving routing its experts (an export of the m = 2 shape, the kernel under the
+    Triton interpreter): the routed step gives one moe row of its 2 layers' calls; transformers'
+    own grouped-mm experts give none: two aten::_grouped_mm calls a layer, whose dims hold
+    m * topk, not m and the top-k apart."""
+    pytest.importorskip("transformers")
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from test_serving import IDENTITY, write_export
+    from tuner import runtime, serving
+    from tuner.ab.harness import hf_factory, make_harness
+
+    monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
+    monkeypatch.delenv("TUNER_EXPORT_DIR", raising=False)
+    runtime.reset()
+    shape = {"m": 2, "experts": 8, "topk": 2, "hidden": 64, "inter": 32, "dtype": "bfloat16"}
+    write_export(tmp_path / "export", [("moe", shape)])
+    harness = make_harness(hf_factory(Path(__file__).parent / "fixtures" / "ab"
+                                      / "tiny_qwen3_moe.json"),
+                           batch=2, prompt=4, steps=2, dtype=torch.bfloat16, device="cpu")
+    traces = {}
+    with torch.no_grad():
+        harness.prefill()
+        for arm in ("baseline", "tuned"):
+            with (serving.installed(harness.model, export_dir=tmp_path / "export" / "nvidia-h200",
+                                    families=("moe",)) if arm == "tuned"
+                  else contextlib.nullcontext()):
+                with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                    harness.decode()
+            traces[arm] = tmp_path / f"{arm}.pt.trace.json"
+            prof.export_chrome_trace(str(traces[arm]))
+    runtime.reset()
+    tuned = harvest.harvest([traces["tuned"]], quiet=True).table
+    moe = row(tuned, family="moe")
+    assert moe.op == "tuner::moe" and moe["dtype"] == "bfloat16" and moe.batch == 1
+    assert (moe.m, moe.experts, moe.topk, moe.k, moe.n) == (2, 8, 2, 64, 32)
+    assert moe.calls == 2 and moe.calls_per_step == 2    # one call per layer
+    base = harvest.harvest([traces["baseline"]], quiet=True).table
+    assert "moe" not in set(base.family)
+    events = json.loads(traces["baseline"].read_text())["traceEvents"]
+    grouped = [e for e in events if e.get("name") == "aten::_grouped_mm"]
+    assert len(grouped) == 4    # up and down per layer: [m * topk, .] x [E, ., .], offsets [E]
+    assert [e["args"]["Input Dims"][:3] for e in grouped[:2]] == [
+        [[4, 64], [8, 64, 64], [8]], [[4, 32], [8, 32, 64], [8]]]

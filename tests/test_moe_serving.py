@@ -214,7 +214,8 @@ def test_ab_on_an_moe_config_says_it_routes_the_moe_blocks(capsys):
     out = capsys.readouterr().out
     assert "tuner ab would build --hf-config" in out and "at batch 1" in out
     assert "routes its 2 MoE blocks (8 experts, top-2, hidden 64, inter 32) through tuner.moe" in out
-    assert "attributes MoE calls per shape only where tuner.harvest yields MoE rows" in out
+    assert ("attributes MoE calls per shape only where both arms' harvested tables have MoE "
+            "rows") in out
     assert main(["ab", "--hf-config", str(TINY_MOE), "--family", "gemv,gemm"]) == 2
     assert "MoE" not in capsys.readouterr().out  # moe not installed: nothing said about it
 
@@ -226,7 +227,11 @@ def test_moe_calls_without_harvested_moe_rows_are_said_to_be_unattributed():
     linear = {"family": "gemm", "m": 2, "n": 64, "k": 64}
     note = moe_attribution_note(serving_data, {"baseline": [linear], "tuned": [linear]})
     assert note.startswith("MoE: 6 calls ran tuner.moe") and "not attributed per shape" in note
-    assert moe_attribution_note(serving_data, {"tuned": [linear, {"family": "moe"}]}) == ""
+    moe = {"family": "moe", "m": 2, "n": 32, "k": 64, "experts": 8, "topk": 2}
+    # the tuned arm's tuner::moe row alone is not attributed (the baseline has none): said so
+    assert moe_attribution_note(serving_data, {"baseline": [linear], "tuned": [linear, moe]}) \
+        == note
+    assert moe_attribution_note(serving_data, {"baseline": [moe], "tuned": [linear, moe]}) == ""
     assert moe_attribution_note({"hits": {"gemv": {"m=2,n=64": 4}}}, {}) == ""
 
 

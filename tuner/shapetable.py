@@ -154,10 +154,17 @@ def read(path: str | Path) -> pd.DataFrame:
 
 def attribution_key(row: dict) -> str:
     """The attribution table's name of a harvested row's call: 'm=..,n=..,k=..' for a linear,
-    'attention b=.. h=.. kv=.. d=..' for decode attention. The KV head count is left out: the
+    'attention b=.. h=.. kv=.. d=..' for decode attention, 'moe m=.. E=.. top.. hidden=..
+    inter=..' for a MoE call (from a ShapeTable row, n = inter and k = hidden, or from a moe
+    family shape, which names hidden and inter). The KV head count is left out: the
     baseline's call runs on the KV heads transformers repeated for it, the tuned one on the
     grouped cache itself (tuner.serving), and they are the same call of the step."""
     if row.get("family") == "attention":
         return (f"attention b={row.get('batch')} h={row.get('heads')} kv={row.get('kv_len')} "
                 f"d={row.get('head_dim')}")
+    if row.get("family") == "moe":
+        hidden, inter = (row["hidden"], row["inter"]) if "hidden" in row else (row.get("k"),
+                                                                               row.get("n"))
+        return (f"moe m={row.get('m')} E={row.get('experts')} top{row.get('topk')} "
+                f"hidden={hidden} inter={inter}")
     return f"m={row.get('m')},n={row.get('n')},k={row.get('k')}"

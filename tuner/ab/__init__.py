@@ -30,7 +30,8 @@ from ..report import write_ab_report
 from .child import run_child
 from .harness import check_spec
 from .measure import ABSettings, compile_backend, step_baseline
-from .verdict import EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, summary_lines
+from .verdict import (EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, paired_moe_keys,
+                      summary_lines)
 
 __all__ = ["ABSettings", "ABVerdict", "AB_DIR", "check_phase", "default_baselines", "linear_floors",
            "moe_attribution_note", "plan_lines", "projected_savings", "run"]
@@ -80,18 +81,20 @@ def _moe_plan(spec: tuple[str, str], settings: ABSettings) -> str:
     return (f"; the tuned arm routes its {blocks} MoE blocks ({experts} experts, top-{topk}, "
             f"hidden {hidden}, inter {inter}) through tuner.moe where the export has their "
             f"structure (transformers' own experts elsewhere); the verdict attributes MoE calls "
-            f"per shape only where tuner.harvest yields MoE rows")
+            f"per shape only where both arms' harvested tables have MoE rows")
 
 
 def moe_attribution_note(serving: dict, tables: dict) -> str:
-    """A line for an A/B whose tuned arm ran tuner.moe (serving: the tuned arm's hits) when the
-    harvested tables have no moe rows to attribute those calls to, else ''."""
+    """A line for an A/B whose tuned arm ran tuner.moe (serving: the tuned arm's hits) when no
+    MoE call is attributed per shape (verdict.paired_moe_keys: no moe rows of one shape in both
+    arms' harvested tables), else ''."""
     calls = sum((serving.get("hits") or {}).get("moe", {}).values())
-    if not calls or any(r.get("family") == "moe" for rows in tables.values() for r in rows):
+    if not calls or paired_moe_keys(tables):
         return ""
     return (f"MoE: {calls} calls ran tuner.moe in the tuned arm; they are not attributed per "
-            f"shape (the harvested tables have no moe rows): their saving is in the step time "
-            f"and the residual only")
+            f"shape (the baseline and tuned arms' harvested tables have no moe rows of one "
+            f"shape; transformers' grouped-mm experts give none): their saving is in the step "
+            f"time and the residual only")
 
 
 def _step_words(settings: ABSettings) -> str:
@@ -164,12 +167,15 @@ def _harvest(traces: dict) -> tuple[dict, str]:
 
 def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
                       tuned_rows: list[dict] | None = None, paths: list | None = None) -> dict:
-    """attribution key ('m=..,n=..,k=..', 'attention b=.. h=.. kv=.. d=..') -> the saving the
-    export projects per step for that call: the saving per call rank measured for the entry
-    serving uses (exact, else nearest m / kv_len), times the calls per step in this A/B's own
-    baseline step. `tuned_rows` (the tuned step's harvested rows) say which KV head count the
-    tuned step ran a decode attention call with: transformers' baseline call is recorded after
-    repeat_kv (kv_heads = heads), the served one on the model's cache."""
+    """attribution key ('m=..,n=..,k=..', 'attention b=.. h=.. kv=.. d=..', 'moe m=.. E=..
+    ...') -> the saving the export projects per step for that call: the saving per call rank
+    measured for the entry serving uses (exact, else nearest m / kv_len), times the calls per
+    step in this A/B's own baseline step. `tuned_rows` (the tuned step's harvested rows) say
+    which KV head count the tuned step ran a decode attention call with: transformers' baseline
+    call is recorded after repeat_kv (kv_heads = heads), the served one on the model's cache.
+    MoE calls are projected from the baseline step's moe rows, or, where it has none
+    (transformers' grouped-mm experts give none: docs/harvest.md), from the tuned step's: its
+    tuner::moe calls are the same calls of the same step, at the shape serving resolved."""
     import os
 
     from kernels import get_family
@@ -192,16 +198,19 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
 
 def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows, paths) -> dict:
     """attribution key -> the export's projected saving per step for the baseline step's calls
-    (the entry each call resolves to: exact, else nearest m / kv_len, as serving resolves it)."""
+    (the entry each call resolves to: exact, else nearest m / kv_len, as serving resolves it;
+    MoE calls: projected_savings)."""
     from ..shapetable import attribution_key
 
     served_kv_heads = {attribution_key(r): int(r["kv_heads"]) for r in tuned_rows
                        if r.get("family") == "attention" and r.get("kv_heads") is not None
                        and r.get("heads") is not None and int(r["kv_heads"]) < int(r["heads"])}
 
-    families = {"gemm": ("gemv", "gemm"), "attention": ("attention",)}
+    families = {"gemm": ("gemv", "gemm"), "attention": ("attention",), "moe": ("moe",)}
+    if not any(r.get("family") == "moe" for r in baseline_rows):
+        baseline_rows = baseline_rows + [r for r in tuned_rows if r.get("family") == "moe"]
     docs = {}
-    for family in ("gemv", "gemm", "attention"):
+    for family in ("gemv", "gemm", "attention", "moe"):
         path = Path(export_dir) / f"{family}.json"
         try:
             docs[family] = json.loads(path.read_text()).get("configs", {})

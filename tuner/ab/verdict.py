@@ -31,7 +31,7 @@ from ..shapetable import attribution_key
 from ..timing import bootstrap_median_interval, median, spread_pct
 
 __all__ = ["ABVerdict", "EXIT_FAIL", "EXIT_PASS", "attribution_rows", "decide", "markdown",
-           "summary_lines"]
+           "paired_moe_keys", "summary_lines"]
 
 EXIT_PASS, EXIT_FAIL = 0, 3
 
@@ -216,6 +216,17 @@ def _outputs(verdict: ABVerdict, data: dict, margin: float) -> None:
             f"{tf['baseline']['agreement']:.3f} - floor {floor:.3f}")
 
 
+def paired_moe_keys(tables: dict) -> set:
+    """The attribution keys of the MoE calls both the baseline and the tuned arm's harvested
+    tables have rows of. A MoE call is attributed only so: the tuned arm's tuner::moe call has
+    a row, transformers' grouped-mm experts in the baseline arm have none (docs/harvest.md), and
+    a row in one arm only would move its time from 'other kernels' into the attributed shapes
+    of that arm alone."""
+    keys = [{attribution_key(r) for r in tables.get(arm) or () if r.get("family") == "moe"}
+            for arm in ("baseline", "tuned")]
+    return keys[0] & keys[1]
+
+
 def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,
                      floors: dict | None = None) -> tuple[list, dict]:
     """Per shape (m, n, k): each arm's kernel time per step and kernels per call (from the
@@ -226,9 +237,12 @@ def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,
     step; `step_us`: arm -> its timed step (median of the timed replays; the profiled replays'
     wall time carries the profiler's own cost, so it is not used). Returns (rows, residual) with
     residual: the timed step difference split into the attributed shapes' kernels, the other
-    kernels (GPU-busy time outside them) and idle / launch gaps (timed step - GPU-busy time)."""
+    kernels (GPU-busy time outside them) and idle / launch gaps (timed step - GPU-busy time).
+    MoE calls are attributed where both arms have rows of them (paired_moe_keys); elsewhere
+    their time stays in the other kernels."""
     per: dict = {}
     totals: dict = {}
+    moe_keys = paired_moe_keys(tables)
     for arm, rows in tables.items():
         busy = wall = math.nan
         attributed = 0.0
@@ -237,6 +251,8 @@ def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,
                 continue
             busy, wall = r.get("step_gpu_us", busy), r.get("step_us", wall)
             key = attribution_key(r)
+            if r.get("family") == "moe" and key not in moe_keys:
+                continue
             us = float(r.get("us_per_call") or 0.0) * float(r.get("calls_per_step") or 0.0)
             kernels = [k for k in str(r.get("kernels") or "").split("; ") if k]
             slot = per.setdefault(key, {}).setdefault(arm, {"us_per_step": 0.0, "calls": 0.0,

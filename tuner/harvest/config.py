@@ -106,11 +106,14 @@ ATTN_NAME_RE = re.compile(r"attn|attention|_vllm_fa\d|mha_(?:varlen_)?fwd|paged_
 # [m, hidden], router_logits [m, E]; read off the real gpt-oss-20b capture in ../shared/traces)
 # and the engines' fused-experts custom ops (hidden_states [m, hidden], w1 [E, 2 inter, hidden],
 # w2 [E, hidden, inter], topk_weights [m, topk], topk_ids [m, topk]: vLLM's and SGLang's
-# fused_moe.py signatures). The Triton fused_moe_kernel they launch belongs to the call.
+# fused_moe.py signatures), and tuner.serving's own op (x [m, hidden], w1, w2 as theirs, then
+# topk_ids [m, topk], topk_weights, block: what `tuner ab`'s tuned arm runs). The Triton
+# fused_moe_kernel they launch belongs to the call.
 MOE_OPS = frozenset({
     "vllm::moe_forward", "vllm::moe_forward_shared",
     "vllm::outplace_fused_experts", "vllm::inplace_fused_experts",
     "sglang::outplace_fused_experts", "sglang::inplace_fused_experts",
+    "tuner::moe",
 })
 # Ops inside a MoE call whose dims add to its shape and whose kernels count with it: the align /
 # sort of the (token, expert) pairs (topk_ids [m, topk]; triton_kernels' SortTokens: expt_scal,

@@ -1,15 +1,16 @@
 """Fused mixture-of-experts calls: the shape of one MoE layer call from the dims of its ops.
 
 A MoE call is the outermost MoE op (config.MOE_OPS: vLLM's `vllm::moe_forward`, the engines'
-`*::outplace_fused_experts` / `*::inplace_fused_experts`). Its shape is what the kernels/moe.py
-family reads off a ShapeTable row of family `moe`: m tokens, n = the intermediate size, k = the
-hidden size, the experts and the top-k, and the weights' dtype. Each field comes from the dims
-of the call's op or of the ops inside it:
+`*::outplace_fused_experts` / `*::inplace_fused_experts`, tuner.serving's `tuner::moe`). Its
+shape is what the kernels/moe.py family reads off a ShapeTable row of family `moe`: m tokens,
+n = the intermediate size, k = the hidden size, the experts and the top-k, and the weights'
+dtype. Each field comes from the dims of the call's op or of the ops inside it:
 
 | op | Input Dims | gives |
 | --- | --- | --- |
 | `vllm::moe_forward(_shared)` | hidden_states [m, hidden], router_logits [m, E] | m, hidden, E (router) |
 | `*::outplace_fused_experts`, `*::inplace_fused_experts` | hidden_states [m, hidden], w1 [E, 2 inter, hidden], w2 [E, hidden, inter], topk_weights, topk_ids [m, topk] | all (dtype: w1's) |
+| `tuner::moe` | x [m, hidden], w1 [E, 2 inter, hidden], w2 [E, hidden, inter], topk_ids [m, topk], topk_weights, block | all (dtype: w1's) |
 | `_moe_C::topk_softmax`, `sgl_kernel::topk_softmax` | topk_weights [m, topk] | m, topk |
 | `_moe_C::moe_align_block_size`, `sgl_kernel::moe_align_block_size` | topk_ids [m, topk] | m, topk |
 | triton_kernels `TopK` / `SortTokens` (vLLM's gpt-oss path) | logits [m, E] / expt_indx [m, topk] | m, E / m, topk |
@@ -36,23 +37,34 @@ def _matrix(dims: list, i: int) -> list | None:
     return d if d is not None and len(d) == 2 else None
 
 
+def _experts_facts(op: Op, ids_at: int, signature: str) -> dict:
+    """The whole shape from an op whose inputs are x [m, hidden], w1 [E, 2 inter, hidden], w2
+    [E, hidden, inter] and, at input `ids_at`, topk_ids [m, topk] (`signature` names them all,
+    for the note); dtype: w1's."""
+    name, dims = op.name, op.dims
+    x, ids = _matrix(dims, 0), _matrix(dims, ids_at)
+    w1, w2 = _input(dims, 1), _input(dims, 2)
+    if x is None or ids is None or w1 is None or w2 is None or len(w1) != 3 or len(w2) != 3:
+        return {"problem": f"{name}'s dims are not {signature}"}
+    hidden = x[1]
+    if not (w1[2] == hidden == w2[1] and w1[1] == 2 * w2[2] and w1[0] == w2[0]):
+        return {"problem": f"{name}'s w1 {w1} and w2 {w2} are not [E, 2 inter, hidden] and "
+                           f"[E, hidden, inter] at hidden {hidden} (packed or non-gated "
+                           "weights)"}
+    return {"m": x[0], "hidden": hidden, "experts": w1[0], "inter": w2[2], "topk": ids[1],
+            "dtype": _dtype(op.types, 1)}
+
+
 def _facts(op: Op) -> dict:
     """What one op's dims say about the call: some of FIELDS, "router_experts", "packed" (a
     packed weight view's sizes) or "problem" (why its dims cannot be read)."""
     name, dims = op.name, op.dims
     if name.endswith("fused_experts"):
-        x, ids = _matrix(dims, 0), _matrix(dims, 4)
-        w1, w2 = _input(dims, 1), _input(dims, 2)
-        if x is None or ids is None or w1 is None or w2 is None or len(w1) != 3 or len(w2) != 3:
-            return {"problem": f"{name}'s dims are not hidden_states [m, hidden], w1, w2 "
-                               "[E, ., .], topk_weights, topk_ids [m, topk]"}
-        hidden = x[1]
-        if not (w1[2] == hidden == w2[1] and w1[1] == 2 * w2[2] and w1[0] == w2[0]):
-            return {"problem": f"{name}'s w1 {w1} and w2 {w2} are not [E, 2 inter, hidden] and "
-                               f"[E, hidden, inter] at hidden {hidden} (packed or non-gated "
-                               "weights)"}
-        return {"m": x[0], "hidden": hidden, "experts": w1[0], "inter": w2[2], "topk": ids[1],
-                "dtype": _dtype(op.types, 1)}
+        return _experts_facts(op, 4, "hidden_states [m, hidden], w1, w2 [E, ., .], "
+                                     "topk_weights, topk_ids [m, topk]")
+    if name == "tuner::moe":
+        return _experts_facts(op, 3, "x [m, hidden], w1, w2 [E, ., .], topk_ids [m, topk], "
+                                     "topk_weights, block")
     if name.startswith("vllm::moe_forward"):
         x, logits = _matrix(dims, 0), _matrix(dims, 1)
         if x is None:
