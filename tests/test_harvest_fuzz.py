@@ -588,11 +588,11 @@ def test_attention_dims_holding_text_are_skipped_not_rows_of_zeros(example, exam
                                   gemm.drop(columns="source").reset_index(drop=True))
 
 
-def test_paged_attention_with_a_damaged_key_is_skipped(tmp_path):
+def test_paged_attention_with_a_damaged_key_is_skipped(tmp_path, shared_traces):
     """vLLM's unified attention in the real MI300X capture: q [32, 64, 64] with the key and the
     paged cache as text lost its KV heads silently. Now the call is skipped and said; the three
     linears and the MoE call of its layers stay."""
-    trace = json.loads(gzip.open(VLLM_CAPTURE).read())
+    trace = json.loads(gzip.open(shared_traces / VLLM_CAPTURE.name).read())
     rc, _, out = _harvest(tmp_path, trace)
     assert rc == 0
     ref = shapetable.read(out)
