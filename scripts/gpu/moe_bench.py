@@ -10,8 +10,11 @@ calls touch different experts and read them from HBM (cold, as in a decode step)
      default against the baseline (torch._grouped_mm, or the per-expert loop where torch lacks
      it); the per-expert loop baseline timed at m = 1 and the largest m;
   4. the floor: the touched experts' bytes (kernels.cost.moe_cost) / the measured read bandwidth
-     of artifacts/devices/nvidia-h200.json (falls back to tuner.device's spec).
-Prints one line per timed callable, then a table; writes $OUT/moe_bench.json.
+     of artifacts/devices/nvidia-h200.json (falls back to tuner.device's spec);
+  5. where the best config's time goes: the align step (torch ops), the up GEMM, the down GEMM
+     and the reduce, each timed alone under the same protocol (their sum is not the launch's
+     time: alone, each starts on an idle GPU).
+Prints one line per timed callable, then two tables; writes $OUT/moe_bench.json.
 CPU smoke (interpreter, tiny shape): MOE_SMOKE=1 TRITON_INTERPRET=1 python scripts/gpu/moe_bench.py
 """
 
@@ -70,6 +73,26 @@ def facts_text(f) -> str:
             f"bitwise-vs-default {int(f.bitwise_vs_default)}")
 
 
+PARTS = ("align", "up", "down", "reduce")
+
+
+def breakdown(shape: dict, config: dict, sets: list[dict]) -> dict:
+    """µs of each part of one launch of `config` (PARTS), each timed alone on the same input
+    sets: the align step's torch ops, then the planned kernel calls one at a time."""
+    block_m = int(config["BLOCK_SIZE_M"])
+    planned = [{**s, "calls": moe.launch_plan(s, config)[1]} for s in sets]
+
+    def align(inputs):
+        moe.align(inputs["topk_ids"], shape["experts"], block_m)
+
+    def kernel(i):
+        return lambda inputs: inputs["calls"][i].run()
+
+    fns = {"align": align, "up": kernel(0), "down": kernel(1), "reduce": kernel(2)}
+    return {name: bench.time_callable(fns[name], planned, groups=GROUPS, replays=REPLAYS,
+                                      **TIMER).median_us for name in PARTS}
+
+
 def main() -> int:
     family = get_family("moe")
     backend = bench.backend_name(DEVICE) if DEVICE == "cuda" else "cuda"
@@ -111,6 +134,9 @@ def main() -> int:
                                        **TIMER)
             loop_us = loop.median_us
         floor_us = family.bytes_moved(shape) / bandwidth * 1e6
+        parts = breakdown(shape, best, sets)
+        print(f"m={m} parts of the best config, each alone: "
+              + ", ".join(f"{k} {v:.2f} us" for k, v in parts.items()), flush=True)
         row = {"m": m, "baseline_us": vs_base.reference_us, "default_us": default_vs_base.candidate_us,
                "best_us": vs_base.candidate_us, "loop_us": loop_us, "floor_us": floor_us,
                "best_over_floor": vs_base.candidate_us / floor_us,
@@ -118,7 +144,8 @@ def main() -> int:
                "speedup_high": vs_base.speedup_high, "noise_pct": vs_base.noise_pct,
                "default_speedup": default_vs_base.speedup, "best": best,
                "best_facts": facts_text(best_facts), "baseline_facts": facts_text(checker.baseline_facts()),
-               "screened": len(screened), "seconds": round(time.time() - t0, 1)}
+               "screened": len(screened), "parts_us": parts,
+               "seconds": round(time.time() - t0, 1)}
         rows.append(row)
         print(f"m={m} baseline {row['baseline_us']:.2f} us, default {row['default_us']:.2f}, best "
               f"{row['best_us']:.2f} ({row['speedup']:.3f}x [{row['speedup_low']:.3f}, "
@@ -135,6 +162,13 @@ def main() -> int:
         print(f"| {r['m']} | {r['baseline_us']:.2f} | {r['default_us']:.2f} | {r['best_us']:.2f} | "
               f"{r['best_over_floor']:.2f} | {r['speedup']:.3f} [{r['speedup_low']:.3f}, "
               f"{r['speedup_high']:.3f}] | {r['noise_pct']:.1f} | {loop} | {r['floor_us']:.2f} |")
+    print()
+    print("| m | " + " | ".join(f"{p} µs" for p in PARTS) + " | sum µs | launch µs | floor µs |")
+    print("|---|" + "---|" * (len(PARTS) + 3))
+    for r in rows:
+        parts = r["parts_us"]
+        print(f"| {r['m']} | " + " | ".join(f"{parts[p]:.2f}" for p in PARTS)
+              + f" | {sum(parts.values()):.2f} | {r['best_us']:.2f} | {r['floor_us']:.2f} |")
     return 0
 
 
