@@ -75,14 +75,7 @@ def gemm_kernel(
     pid_b = tl.program_id(2).to(tl.int64)
 
     # Grouped ordering: walk GROUP_M row-tiles down a column of tiles before moving right.
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = _tile_of(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     # This program's K tiles: [tile_start, tile_end).
     k_tiles = tl.cdiv(K, BLOCK_K)

@@ -15,7 +15,7 @@ import torch
 from kernels import moe as family
 from tuner import runtime, serving
 
-from test_serving import IDENTITY, rel_err, write_export
+from test_serving import IDENTITY, device, rel_err, write_export  # noqa: F401 (device: a fixture)
 
 pytest.importorskip("transformers")
 
@@ -27,18 +27,6 @@ SHAPE = {"experts": 8, "topk": 2, "hidden": 64, "inter": 32, "dtype": "bfloat16"
 
 def moe_shape(m: int) -> dict:
     return {"m": m, **SHAPE}
-
-
-@pytest.fixture
-def device(monkeypatch, tmp_path):
-    """'An H200' whose exports live under tmp_path/export/nvidia-h200."""
-    monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
-    monkeypatch.delenv("TUNER_EXPORT_DIR", raising=False)
-    runtime.reset()
-    serving._warned.clear()
-    serving._failed.clear()
-    yield tmp_path / "export"
-    runtime.reset()
 
 
 def tiny_decode(batch: int = 2, dtype=torch.bfloat16, device_name: str = "cpu"):

@@ -245,11 +245,11 @@ def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold
         gpu_busy = step_gpu / step_wall if step_wall > 0 else math.nan
         launch_bound = bool(gpu_busy < LAUNCH_BOUND_GPU_BUSY) if math.isfinite(gpu_busy) else False
 
-        compute = compute_floor_us(nflops, row["dtype"], profile)
+        compute_bound = bool(not no_model
+                             and compute_floor_us(nflops, row["dtype"], profile) >= floor)
         verdict, reason = _verdict(threshold, baseline=baseline, floor=floor, no_model=no_model,
                                    calls=calls, headroom_token=headroom_token, share=share,
-                                   graph_captured=graph_captured,
-                                   compute_bound=not no_model and compute >= floor)
+                                   graph_captured=graph_captured, compute_bound=compute_bound)
         zero = empty_size(row)
         if zero:  # no call shape at all: never kept, whatever time the trace gave it
             verdict, reason = "prune", (f"{zero} = 0: a call on an empty tensor does no work "
@@ -263,7 +263,7 @@ def compute(table: pd.DataFrame, profile: DeviceProfile, *, threshold: Threshold
             "headroom_us_per_call": headroom_call, "hit_rate": float(hit_rate),
             "headroom_us_per_token": headroom_token, "step_basis_us": step_basis,
             "headroom_share": share, "gpu_busy_share": gpu_busy, "launch_bound": launch_bound,
-            "compute_bound": bool(not no_model and compute >= floor), "verdict": verdict,
+            "compute_bound": compute_bound, "verdict": verdict,
             "reason": reason,
         })
 

@@ -114,15 +114,13 @@ def _phase_label(settings: ABSettings) -> str:
 
 def check_phase(spec: tuple[str, str], settings: ABSettings) -> None:
     """--phase and --prompt-tokens: one of PHASES; prefill / mixed only for --hf-config."""
-    from .harness import PHASES
+    from .harness import phase_problem
 
-    if settings.phase not in PHASES:
-        raise TunerError(f"--phase must be one of {', '.join(PHASES)}, not {settings.phase!r}")
+    problem = phase_problem(settings.phase, spec[0] == "hf")
+    if problem:
+        raise TunerError(problem)
     if settings.prompt_tokens < 1:
         raise TunerError(f"--prompt-tokens must be >= 1, got {settings.prompt_tokens}")
-    if settings.phase != "decode" and spec[0] != "hf":
-        raise TunerError(f"--phase {settings.phase} needs --hf-config (a MODULE:CALLABLE harness "
-                         "gives its decode step only)")
 
 
 def default_baselines(settings: ABSettings, gpu: bool) -> list[str]:

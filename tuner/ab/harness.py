@@ -36,7 +36,7 @@ from ..errors import TunerError
 
 __all__ = ["HFDecode", "HFMixed", "HFPrefill", "PHASES", "REQUIRED", "check_harness", "check_spec", "grouped_attention_shape",
            "grouped_sdpa_attention", "hf_factory", "load_factory", "make_harness",
-           "phase_harness", "transformers_attention"]
+           "phase_harness", "phase_problem", "transformers_attention"]
 
 REQUIRED = ("model", "prefill", "decode", "feed")
 FACTORY_ARGS = ("batch", "prompt", "steps", "dtype", "device", "seed")
@@ -176,6 +176,17 @@ class HFMixed:
         self.chunk.feed(tokens[-1:])
 
 
+def phase_problem(phase: str, transformers_harness: bool) -> str:
+    """Why `--phase` cannot run (not one of PHASES; prefill / mixed without a transformers
+    harness, `--hf-config`), or ""."""
+    if phase not in PHASES:
+        return f"--phase must be one of {', '.join(PHASES)}, not {phase!r}"
+    if phase != "decode" and not transformers_harness:
+        return (f"--phase {phase} needs --hf-config (a MODULE:CALLABLE harness gives its decode "
+                "step only)")
+    return ""
+
+
 def phase_harness(harness, phase: str, tokens: int, seed: int = 0):
     """The harness whose step `tuner ab --phase` measures: `harness` itself for decode; for
     prefill an HFPrefill of `tokens` tokens at the harness's batch size, for mixed an HFMixed
@@ -183,11 +194,9 @@ def phase_harness(harness, phase: str, tokens: int, seed: int = 0):
     harness (`--hf-config`): a MODULE:CALLABLE harness gives a decode step only."""
     if phase == "decode":
         return harness
-    if phase not in PHASES:
-        raise TunerError(f"--phase must be one of {', '.join(PHASES)}, not {phase!r}")
-    if not isinstance(harness, HFDecode):
-        raise TunerError(f"--phase {phase} needs --hf-config (a MODULE:CALLABLE harness gives "
-                         "its decode step only)")
+    problem = phase_problem(phase, isinstance(harness, HFDecode))
+    if problem:
+        raise TunerError(problem)
     if phase == "prefill":
         return HFPrefill(harness.model, batch=harness.batch, tokens=tokens, seed=seed)
     return HFMixed(harness, tokens=tokens, seed=seed)
