@@ -478,3 +478,35 @@ def test_phase_usage_errors_and_the_plan(capsys):
     assert "capture its prefill step (the first forward of a 512-token prompt)" in out
     assert main(["ab", "--hf-config", str(TINY_LLAMA), "--phase", "mixed"]) == 2
     assert "decode step plus one 2048-token prefill chunk" in capsys.readouterr().out
+
+
+def test_the_other_kernels_name_where_the_residual_went():
+    attribution = [{"baseline_kernels": ["triton_tem_fused_mm_mul_silu"],
+                    "tuned_kernels": ["skinny_tma_kernel"]}]
+    kernels = {"baseline": {"triton_tem_fused_mm_mul_silu": (500.0, 36.0),
+                            "triton_red_fused_rms_norm": (80.0, 72.0),
+                            "triton_poi_fused_rotary": (40.0, 36.0)},
+               "tuned": {"skinny_tma_kernel": (400.0, 36.0),
+                         "triton_red_fused_rms_norm": (82.0, 72.0),
+                         "triton_poi_fused_mul_silu": (150.0, 36.0),
+                         "triton_poi_fused_rotary": (10.0, 36.0)}}
+    rows = abv.other_kernel_changes(kernels, attribution, top=2)
+    # the attributed linears' kernels are left out; a fusion the tuned compile no longer makes
+    # shows as a kernel from zero
+    assert [r["kernel"] for r in rows] == ["triton_poi_fused_mul_silu", "triton_poi_fused_rotary"]
+    assert rows[0]["change_us"] == 150.0 and rows[0]["baseline_launches"] == 0.0
+    assert rows[1]["change_us"] == -30.0
+    v = abv.decide(recorded(), label="x", kernels=kernels)
+    assert v.other_kernels and "triton_poi_fused_mul_silu" in abv.markdown(v)
+    assert any("other kernels, the largest changes" in line for line in abv.summary_lines(v))
+    assert abv.other_kernel_changes({"baseline": kernels["baseline"]}, attribution) == []
+
+
+def test_kernel_totals_are_per_step_of_a_real_trace(shared_traces):
+    from tuner.harvest import kernel_totals
+
+    totals, steps = kernel_totals(shared_traces / "qwen25_05b_b4_decode.pt.trace.json.gz")
+    assert steps == 7  # its ProfilerStep markers
+    us, launches = totals["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"]
+    assert us > 0 and launches * steps == pytest.approx(round(launches * steps))
+    assert sum(us for us, _ in totals.values()) > 1000.0  # the 0.5B decode step's GPU time

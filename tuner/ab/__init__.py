@@ -146,6 +146,20 @@ def _export_dir(settings: ABSettings) -> str:
     return str(directory)
 
 
+def _kernel_totals(traces: dict) -> dict:
+    """arm -> {kernel name: (µs, launches) per profiled replay}; {} where a trace cannot be
+    read (the listing informs, it never costs the verdict)."""
+    from ..harvest import kernel_totals
+
+    out = {}
+    for arm, paths in traces.items():
+        try:
+            out[arm] = kernel_totals(paths["replay"])[0]
+        except Exception:  # noqa: BLE001 - the timed verdict must not be lost with it
+            return {}
+    return out
+
+
 def _harvest(traces: dict) -> tuple[dict, str]:
     """Each arm's graph replay joined with its capture: arm -> ShapeTable rows (dicts)."""
     from .. import harvest
@@ -375,8 +389,10 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
     projected: dict = {}
     paths: list = []
     floors, floor_label = {}, ""
+    kernels: dict = {}
     if child.ok and child.data.get("traces"):
         tables, note = _harvest(child.data["traces"])
+        kernels = _kernel_totals(child.data["traces"])
         if note:
             warn(note)
         if tables.get("baseline") and export_dir:
@@ -394,7 +410,7 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
     verdict = decide(child.data if child.ok else None, label=run_label,
                      crashed="" if child.ok else child.reason, tables=tables,
                      projected=projected, floors=floors, floor_profile=floor_label,
-                     projection_baselines=paths)
+                     projection_baselines=paths, kernels=kernels)
     directory.mkdir(parents=True, exist_ok=True)
     record = verdict.to_json()
     record["seconds"] = child.seconds

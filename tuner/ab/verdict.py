@@ -67,6 +67,8 @@ class ABVerdict:
     # floor (bytes / bandwidth, flops / rate, the kernel floor) on `floor_profile`
     ceiling_step_us: float = math.nan
     floor_profile: str = ""
+    # the kernels outside the attributed shapes whose time changed most (other_kernel_changes)
+    other_kernels: list = field(default_factory=list)
 
     @property
     def ceiling_speedup(self) -> float:
@@ -290,6 +292,40 @@ def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,
     return rows, residual
 
 
+OTHER_KERNELS_SHOWN = 8
+
+
+def other_kernel_changes(kernels: dict, attribution: list, top: int = OTHER_KERNELS_SHOWN) -> list:
+    """The kernels outside the attributed shapes whose time per step changed most between the
+    baseline and the tuned arm: where "other kernels" in the residual went.
+
+    `kernels`: arm -> {kernel name: (µs per step, launches per step)} of its profiled replays
+    (tuner.harvest.kernel_totals); `attribution`: attribution_rows' rows, whose kernels (per
+    arm) are left out. A kernel name only one arm runs (a fusion one arm's compile made and the
+    other's did not) is a change from or to zero. Returns at most `top` rows
+    {kernel, baseline_us, tuned_us, change_us (tuned - baseline), baseline_launches,
+    tuned_launches}, the largest |change| first."""
+    base, tuned = kernels.get("baseline"), kernels.get("tuned")
+    if not base or not tuned:
+        return []
+    skip = {"baseline": {k for r in attribution for k in r.get("baseline_kernels") or ()},
+            "tuned": {k for r in attribution for k in r.get("tuned_kernels") or ()}}
+    base = {k: v for k, v in base.items() if k not in skip["baseline"]}
+    tuned = {k: v for k, v in tuned.items() if k not in skip["tuned"]}
+    rows = []
+    for name in set(base) | set(tuned):
+        b_us, b_n = base.get(name, (0.0, 0.0))
+        t_us, t_n = tuned.get(name, (0.0, 0.0))
+        rows.append({"kernel": name, "baseline_us": b_us, "tuned_us": t_us,
+                     "change_us": t_us - b_us, "baseline_launches": b_n, "tuned_launches": t_n})
+    rows.sort(key=lambda r: (-abs(r["change_us"]), r["kernel"]))
+    return rows[:top]
+
+
+def _short(name: str, width: int = 96) -> str:
+    return name if len(name) <= width else name[:width - 1] + "…"
+
+
 def _ceiling(verdict: ABVerdict) -> None:
     """The baseline step with every attributed linear shape (rows with a floor) at its floor."""
     base = (verdict.arms.get("baseline") or {}).get("median_us", math.nan)
@@ -303,11 +339,12 @@ def _ceiling(verdict: ABVerdict) -> None:
 def decide(data: dict | None, *, label: str, crashed: str = "", tables: dict | None = None,
            projected: dict | None = None, margin: float = DEFAULT_MARGIN,
            floors: dict | None = None, floor_profile: str = "",
-           projection_baselines: list | None = None) -> ABVerdict:
+           projection_baselines: list | None = None, kernels: dict | None = None) -> ABVerdict:
     """The verdict of one A/B from its recorded measurement (module docstring). `floors` (shape
     -> floor µs per step, see attribution_rows) give the linears' ceiling; it informs, it does
     not decide. `projection_baselines`: how the export's savings behind the projection were
-    measured (rank's baseline_path of each entry used)."""
+    measured (rank's baseline_path of each entry used). `kernels` (arm -> kernel totals of its
+    profiled replays) name where the other kernels' time went (other_kernel_changes)."""
     verdict = ABVerdict(label=label, arms={}, crashed=crashed)
     if crashed or data is None:
         verdict.reasons.append(f"crashed: {crashed or 'no measurement'}")
@@ -332,6 +369,8 @@ def decide(data: dict | None, *, label: str, crashed: str = "", tables: dict | N
         if floors:
             verdict.floor_profile = floor_profile
             _ceiling(verdict)
+    if kernels:
+        verdict.other_kernels = other_kernel_changes(kernels, verdict.attribution)
     if projected:
         verdict.projected_us = sum(v for v in projected.values() if math.isfinite(v))
     verdict.projection_baselines = sorted(set(projection_baselines or ()))
@@ -392,6 +431,12 @@ def summary_lines(v: ABVerdict) -> list[str]:
         out.append(f"  residual attributed shapes {_f(r['attributed_kernels_us'], '.1f')} us, other "
                    f"kernels {_f(r['other_kernels_us'], '.1f')} us, idle/launch gaps "
                    f"{_f(r['idle_and_launch_gaps_us'], '.1f')} us")
+    if v.other_kernels:
+        out.append("  other kernels, the largest changes (us/step tuned - baseline; launches/step "
+                   "baseline -> tuned):")
+        for k in v.other_kernels:
+            out.append(f"    {k['change_us']:+8.1f}  {k['baseline_launches']:g} -> "
+                       f"{k['tuned_launches']:g}  {_short(k['kernel'])}")
     verdict = "PASS (exit 0)" if v.exit_code == EXIT_PASS else "FAIL (exit 3)"
     out.append(f"  verdict: {verdict}" + (": " + "; ".join(v.reasons) if v.reasons else ""))
     return out
@@ -454,6 +499,16 @@ def markdown(v: ABVerdict) -> str:
         lines.append(f"Residual: attributed shapes {_f(r['attributed_kernels_us'], '.1f')} µs, other "
                      f"kernels {_f(r['other_kernels_us'], '.1f')} µs, idle / launch gaps "
                      f"{_f(r['idle_and_launch_gaps_us'], '.1f')} µs.")
+        lines.append("")
+    if v.other_kernels:
+        lines += ["Other kernels, the largest changes:", "",
+                  "| kernel | baseline µs | tuned µs | change µs | launches (baseline → tuned) |",
+                  "|---|---:|---:|---:|---|"]
+        for k in v.other_kernels:
+            name = _short(k["kernel"]).replace("|", "\\|")
+            lines.append(f"| `{name}` | {k['baseline_us']:.1f} | {k['tuned_us']:.1f} | "
+                         f"{k['change_us']:+.1f} | {k['baseline_launches']:g} → "
+                         f"{k['tuned_launches']:g} |")
         lines.append("")
     verdict = "PASS (exit 0)" if v.exit_code == EXIT_PASS else "FAIL (exit 3)"
     lines.append(f"Verdict: {verdict}" + (": " + "; ".join(v.reasons) if v.reasons else ""))

@@ -27,12 +27,12 @@ from .profiling import live, load_callable
 from .records import Call, Op, Step, TraceData, union_length
 from .shapes import attention_shape, gemm_shape
 from .table import KEY_FIELDS, aggregate
-from .trace import read_trace
+from .trace import kernel_totals, read_trace
 from .watching import watch
 
 __all__ = [
     "harvest", "HarvestResult", "check_kv_heads", "report", "summarize", "format_table",
-    "read_trace", "TraceData", "aggregate", "KEY_FIELDS",
+    "read_trace", "kernel_totals", "TraceData", "aggregate", "KEY_FIELDS",
     "resolve_inputs", "resolve_pairs", "CAPTURE_DIR", "default_output", "trace_rank",
     "is_trace_file", "read_captures",
     "live", "load_callable", "watch",

@@ -274,3 +274,23 @@ def _device_name(header: dict, raw: RawTrace, given: str | None) -> tuple[str, b
         if config.GPU_NAME_RE.search(label):
             return label, True
     return "unknown", False
+
+
+def kernel_totals(path) -> tuple[dict, int]:
+    """Every GPU activity of a trace by name: ({name: (µs per step, launches per step)}, steps).
+
+    Steps are the trace's step markers (e.g. torch.profiler's ProfilerStep#N), else the whole
+    trace is one step. What `tuner ab` uses to name the kernels outside the attributed shapes
+    whose time changed between two arms."""
+    path = Path(path)
+    header = read_header(path)
+    if not header.get("has_events"):
+        raise TunerError(f"{path}: JSON without traceEvents, not a torch profiler trace")
+    with _no_gc():
+        raw = read_events(path, header["format"])
+    steps = len(steps_from_markers(raw.annotations)[0]) or 1
+    totals: dict = {}
+    for _ts, dur, _corr, _ext, name in raw.activities:
+        us, count = totals.get(name, (0.0, 0))
+        totals[name] = (us + float(dur), count + 1)
+    return {name: (us / steps, count / steps) for name, (us, count) in totals.items()}, steps
