@@ -50,10 +50,11 @@ def main() -> int:
     p.add_argument("--variants", default="base:default,base:max-autotune,tuned:default,"
                    "tuned:max-autotune,tuned:max_autotune=1+coordinate_descent_tuning=0,"
                    "tuned:coordinate_descent_tuning=1")
-    p.add_argument("--diff", default="1/3,2/3,4/3")
+    p.add_argument("--diff", default="0/2,1/3,2/3,4/3")
     p.add_argument("--groups", type=int, default=10)
     p.add_argument("--replays", type=int, default=8)
     p.add_argument("--top", type=int, default=8)
+    p.add_argument("--out", default="", help="write each variant's kernel totals here (json)")
     a = p.parse_args()
     config = json.loads(Path(a.hf_config).read_text())
     if a.layers:
@@ -116,6 +117,10 @@ def main() -> int:
             path = tmp / f"v{i}.json"
             prof.export_chrome_trace(str(path))
             kernels.append(kernel_totals(path)[0])
+            if a.out:
+                Path(a.out).mkdir(parents=True, exist_ok=True)
+                (Path(a.out) / f"v{i}-kernels.json").write_text(json.dumps(
+                    {"variant": ":".join(variants[i]), "kernels": kernels[-1]}, indent=1))
     print(f"\n{'#':>2} {'variant':<60} {'step us':>9} {'spread':>7} {'GPU busy':>9} {'kernels':>8}")
     for i, (arm, opts) in enumerate(variants):
         busy = sum(us for us, _ in kernels[i].values())
