@@ -263,6 +263,34 @@ def test_the_compiled_step_runs_both_ways_and_the_tuned_arm_still_hits(export_di
     assert v.outputs["error_ratio"] < 1.25
 
 
+def test_the_tuned_arm_can_run_its_own_step_beside_an_eager_baseline(export_dir, tmp_path):
+    # --tuned-step compile beside --baseline eager: only the tuned arm is compiled (aot_eager)
+    settings = ABSettings(batch=2, prompt=4, steps=2, groups=2, replays=1, compile="aot_eager",
+                          baseline="eager", tuned_step="compile", export_dir=str(export_dir),
+                          out_dir=str(tmp_path / "ab"), device="cpu", families=("gemv",),
+                          profile=False)
+    stages = []
+    data = measure(("callable", TINY), settings, stages.append)
+    captures = [s for s in stages if s.startswith("capture:")]
+    assert captures[0] == "capture: baseline arm"
+    assert "capture: tuned arm (compile, torch.compile aot_eager" in captures[1]
+    assert captures[2] == "capture: aa arm"
+    assert data["baseline"] == "eager" and data["tuned_step"] == "compile"
+    assert sum(data["serving"]["hits"]["gemv"].values()) >= 3  # the compiled step still hits
+    forced = data["outputs"]["teacher_forced"]
+    assert forced["aa"] == forced["baseline"]
+    v = abv.decide(data, label="tiny")
+    assert v.step_mode == "eager" and v.tuned_step_mode == "torch.compile (aot_eager)"
+    assert "the tuned arm: the export under torch.compile (aot_eager)" in abv.summary_lines(v)[0]
+    assert "Tuned arm: the export under torch.compile (aot_eager)." in abv.markdown(v)
+
+
+def test_a_wrong_tuned_step_is_one_line(capsys):
+    assert main(["ab", TINY, "--tuned-step", "fast"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tuner: error:") and "unknown baseline 'fast'" in err
+
+
 def test_a_crashing_arm_is_reported_with_its_stage(tmp_path, monkeypatch):
     monkeypatch.setenv("AB_TINY_CRASH", "tuned")
     settings = ABSettings(batch=2, prompt=4, steps=2, groups=2, replays=1, device="cpu",

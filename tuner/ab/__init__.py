@@ -29,7 +29,7 @@ from ..hardware import have_gpu
 from ..report import write_ab_report
 from .child import run_child
 from .harness import check_spec
-from .measure import ABSettings, compile_backend, step_baseline
+from .measure import ABSettings, compile_backend, step_baseline, tuned_step
 from .verdict import (EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, paired_moe_keys,
                       summary_lines)
 
@@ -53,7 +53,9 @@ def plan_lines(spec: tuple[str, str], batches: list[int], settings: ABSettings,
     return [f"tuner ab would build {what} (dtype {settings.dtype}, prompt {settings.prompt}) at "
             f"batch {', '.join(map(str, batches))}, against the baseline "
             f"{' and '.join(names)} (each its own A/B), capture its {_step_words(settings)} as a CUDA/HIP "
-            f"graph three ways (baseline, tuned with {export}, A/A), decode {settings.steps} steps "
+            f"graph three ways (baseline, tuned with {export}"
+            + (f" under {tuned_step(settings)}" if settings.tuned_step else "")
+            + f", A/A), decode {settings.steps} steps "
             f"per arm against an fp32 reference, time {settings.groups} x {settings.replays} "
             f"replays per arm and profile each arm for the per-shape attribution"
             + _moe_plan(spec, settings)]
@@ -376,11 +378,14 @@ def _compile_crash(verdict: ABVerdict) -> bool:
 def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s,
          out) -> ABVerdict:
     """One A/B (one batch size, one baseline): measured in a child, decided, written."""
-    run_label = f"{label}{_phase_label(settings)}-b{batch}-{baseline}"
-    directory = Path(out_root) / run_label
     s = ABSettings(**{**settings.__dict__, "batch": batch, "export_dir": export_dir or None,
-                      "out_dir": str(directory), "baseline": baseline})
-    s.compile = compile_backend(s)
+                      "baseline": baseline})
+    own = tuned_step(s)
+    run_label = f"{label}{_phase_label(settings)}-b{batch}-{baseline}" + (
+        f"-tuned-{own}" if own != baseline else "")
+    directory = Path(out_root) / run_label
+    s.out_dir = str(directory)
+    s.compile = compile_backend(s) or ((settings.compile or "inductor") if own != "eager" else "")
     info(f"tuner ab {run_label}: {plan_lines(spec, [batch], s)[0]}")
     child = run_child(spec, s, directory, timeout_s, echo=lambda line: info(f"  .. {line}"))
     if child.usage_error:

@@ -24,7 +24,10 @@ activations, residual adds) fuses into few kernels, so the linears are a larger 
 than in the eager model. Both arms run the same compiled step: tuner.serving's custom ops are
 opaque to the compiler, installing them recompiles once (Dynamo guards on the patched forwards)
 and uninstalling finds the baseline's compiled code again. The compiles happen in the warm-up
-before each capture, never inside one.
+before each capture, never inside one. `tuned_step` (tuner ab --tuned-step) runs the tuned arm
+under another step than the baseline's, compiled on its own (e.g. the export under Inductor's
+default mode against a max-autotune baseline: what a user who adopts the export would run
+instead, where max-autotune has no linear left to autotune); the A/A arm stays the baseline's.
 
 A transformers model with grouped KV heads (tuner.ab.harness.grouped_attention_shape) runs its
 decode attention in every arm as SDPA on the grouped cache in the fastest form this device has
@@ -54,7 +57,7 @@ from .harness import (grouped_attention_shape, grouped_sdpa_attention, hf_factor
                       make_harness, phase_harness, transformers_attention)
 
 __all__ = ["ARMS", "CONTEXT_ARM", "ABSettings", "compile_backend", "compile_decode", "measure",
-           "step_baseline"]
+           "step_baseline", "tuned_step"]
 
 ARMS = ("baseline", "tuned", "aa")
 # transformers' own attention (repeat_kv: the grouped cache copied to one KV head per query head,
@@ -83,6 +86,10 @@ class ABSettings:
     # the step baseline (tuner.baselines.BASELINES): "eager", "compile" or "max-autotune";
     # "" = "compile" when `compile` names a backend, else "eager"
     baseline: str = ""
+    # the step the tuned arm runs the export under (tuner.baselines.BASELINES); "" = the
+    # baseline's. E.g. "compile" beside baseline "max-autotune": the export under Inductor's
+    # default mode against a step a user would otherwise run in max-autotune
+    tuned_step: str = ""
     grouped_attention: bool = True  # a grouped-KV transformers model: SDPA on the grouped cache
     # the step measured (tuner.ab.harness.PHASES): "decode" (the harness's decode step),
     # "prefill" (the first forward of a prompt_tokens-token prompt) or "mixed" (the decode batch
@@ -101,6 +108,25 @@ def step_baseline(settings: ABSettings) -> str:
 def compile_backend(settings: ABSettings) -> str:
     """The torch.compile backend of a compiled baseline ('' for the eager one)."""
     return "" if step_baseline(settings) == "eager" else (settings.compile or "inductor")
+
+
+def tuned_step(settings: ABSettings) -> str:
+    """The step the tuned arm runs (tuner.baselines.BASELINES): the settings' tuned_step, else
+    the baseline's."""
+    from ..baselines import check_baseline
+
+    return check_baseline(settings.tuned_step) if settings.tuned_step else step_baseline(settings)
+
+
+def tuned_decode(decode, settings: ABSettings):
+    """The tuned arm's decode step when it runs another step than the baseline (`decode`: the
+    harness's step before compile_decode), else None (the arm runs the baseline's step)."""
+    from ..baselines import compile_step
+
+    mode = tuned_step(settings)
+    if mode == step_baseline(settings):
+        return None
+    return compile_step(decode, mode, settings.compile or "inductor")
 
 
 def compile_decode(harness, settings: ABSettings) -> None:
@@ -127,11 +153,13 @@ def _factory(spec: tuple[str, str]):
 
 class _Arm:
     """One arm: its graph (or, on the CPU, the eager step) and the tensor its replay writes.
-    `serve`: a context manager factory that installs the tuned kernels (tuned arm only)."""
+    `serve`: a context manager factory that installs the tuned kernels (tuned arm only);
+    `decode`: the step this arm runs where it is not the harness's (ABSettings.tuned_step)."""
 
-    def __init__(self, name: str, harness, gpu: bool, serve=None):
+    def __init__(self, name: str, harness, gpu: bool, serve=None, decode=None):
         self.name = name
         self.harness = harness
+        self.decode = decode or harness.decode
         self.gpu = gpu
         self.serve = serve or contextlib.nullcontext
         self.graph = None
@@ -142,7 +170,7 @@ class _Arm:
         """Warm up and capture the decode step (on the CPU: only note what serving serves)."""
         with self.serve() as handle:
             if handle is not None:
-                handle.warmup(self.harness.decode)
+                handle.warmup(self.decode)
             if self.gpu:
                 self._capture()
             if handle is not None:
@@ -155,19 +183,19 @@ class _Arm:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # allocator, cuBLAS workspaces, Triton compiles: never in capture
-                h.decode()
+                self.decode()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.logits = h.decode()
+            self.logits = self.decode()
         torch.cuda.synchronize()
 
     def step(self) -> torch.Tensor:
         """One decode step: a graph replay (or, on the CPU, the eager step of this arm)."""
         if self.graph is None:
             with self.serve():
-                return self.harness.decode()
+                return self.decode()
         self.graph.replay()
         return self.logits
 
@@ -339,12 +367,14 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
 
     progress("build: the model in " + settings.dtype)
     harness = _build(factory, settings, dtype, common)
+    own_step = tuned_decode(harness.decode, settings)
     compile_decode(harness, settings)
     model = harness.model
     result["model"] = {"class": type(model).__name__,
                        "parameters": int(sum(p.numel() for p in model.parameters())),
                        "dtype": settings.dtype}
     result["baseline"] = step_baseline(settings)
+    result["tuned_step"] = tuned_step(settings)
     form = _attention_baseline(harness, settings, gpu, progress, result)
 
     @contextlib.contextmanager
@@ -370,16 +400,19 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
     # whole compile (minutes in max-autotune) to time a path no server runs
     context = form is not None and result["baseline"] == "eager"
     names = ARMS + ((CONTEXT_ARM,) if context else ())
-    arms = [_Arm(name, harness, gpu, {"tuned": serve, CONTEXT_ARM: transformers_own}.get(name))
+    arms = [_Arm(name, harness, gpu, {"tuned": serve, CONTEXT_ARM: transformers_own}.get(name),
+                 own_step if name == "tuned" else None)
             for name in names]
     backend = compile_backend(settings)
     with torch.no_grad(), (transformers_attention(grouped) if form is not None
                            else contextlib.nullcontext()):
         harness.prefill()
         for arm in arms:
-            progress(f"capture: {arm.name} arm" + (f" ({result['baseline']}, torch.compile "
-                                                     f"{backend}: the warm-up compiles)"
-                                                     if backend else ""))
+            mode = result["tuned_step"] if arm.name == "tuned" else result["baseline"]
+            arm_backend = (settings.compile or "inductor") if mode != "eager" else ""
+            progress(f"capture: {arm.name} arm" + (f" ({mode}, torch.compile "
+                                                     f"{arm_backend}: the warm-up compiles)"
+                                                     if arm_backend else ""))
             arm.capture()
         result["serving"] = arms[1].serving
 

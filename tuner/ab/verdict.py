@@ -57,6 +57,10 @@ class ABVerdict:
     serving: dict = field(default_factory=dict)
     step_mode: str = "eager"  # how the decode step ran before capture: eager / torch.compile
     baseline: str = "eager"  # the step baseline (tuner.baselines.BASELINES) the arms ran
+    # the step the tuned arm ran the export under (tuner ab --tuned-step) and its words; the
+    # baseline's unless it was given
+    tuned_step: str = "eager"
+    tuned_step_mode: str = "eager"
     attention_baseline: str = ""  # the grouped SDPA form the baseline's decode attention ran
     # transformers' own attention (repeat_kv copy, then SDPA) timed beside a grouped-SDPA
     # baseline: {"median_us", "over_baseline_us"}; context, never counted as a tuner saving
@@ -353,10 +357,9 @@ def decide(data: dict | None, *, label: str, crashed: str = "", tables: dict | N
     backend = settings.get("compile") or ""
     verdict.baseline = data.get("baseline") or settings.get("baseline") or (
         "compile" if backend else "eager")
-    backend = backend or ("inductor" if verdict.baseline != "eager" else "")
-    verdict.step_mode = {"compile": f"torch.compile ({backend})",
-                         "max-autotune": f"torch.compile max-autotune ({backend}, without "
-                                         f"Inductor's CUDA graphs)"}.get(verdict.baseline, "eager")
+    verdict.tuned_step = data.get("tuned_step") or verdict.baseline
+    verdict.step_mode = _step_words(verdict.baseline, backend)
+    verdict.tuned_step_mode = _step_words(verdict.tuned_step, backend)
     verdict.attention_baseline = (data.get("attention_baseline") or {}).get("form") or ""
     verdict.serving = data.get("serving") or {}
     _timing(verdict, data.get("group_us") or {})
@@ -377,6 +380,20 @@ def decide(data: dict | None, *, label: str, crashed: str = "", tables: dict | N
     return verdict
 
 
+def _step_words(step: str, backend: str) -> str:
+    """How a step ran, in words: eager, or torch.compile'd in a mode (tuner.baselines)."""
+    backend = backend or "inductor"
+    return {"compile": f"torch.compile ({backend})",
+            "max-autotune": f"torch.compile max-autotune ({backend}, without Inductor's CUDA "
+                            f"graphs)"}.get(step, "eager")
+
+
+def _tuned_words(v: ABVerdict) -> str:
+    """'' when the tuned arm ran the baseline's step, else what it ran, for the headers."""
+    return "" if v.tuned_step == v.baseline else (
+        f"; the tuned arm: the export under {v.tuned_step_mode}")
+
+
 # ------------------------------------------------------------------------------------ printing
 def _f(value, fmt: str) -> str:
     return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) \
@@ -384,7 +401,8 @@ def _f(value, fmt: str) -> str:
 
 
 def summary_lines(v: ABVerdict) -> list[str]:
-    out = [f"A/B {v.label} (baseline {v.baseline}: the step {v.step_mode}, one CUDA/HIP graph"
+    out = [f"A/B {v.label} (baseline {v.baseline}: the step {v.step_mode}{_tuned_words(v)}, "
+           f"one CUDA/HIP graph"
            + (f"; decode attention {v.attention_baseline} on the grouped cache"
               if v.attention_baseline else "") + ")"]
     if v.crashed:
@@ -453,6 +471,8 @@ def _projection_note(v: ABVerdict) -> str:
 def markdown(v: ABVerdict) -> str:
     lines = [f"# A/B: {v.label}", "", f"Baseline: **{v.baseline}**. Decode step: {v.step_mode}, "
              f"captured as one CUDA/HIP graph."
+             + (f" Tuned arm: the export under {v.tuned_step_mode}."
+                if v.tuned_step != v.baseline else "")
              + (f" Decode attention of the baseline arms: {v.attention_baseline} on the grouped "
                 f"KV cache." if v.attention_baseline else ""), ""]
     if v.crashed:

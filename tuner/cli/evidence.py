@@ -79,6 +79,12 @@ def _add_ab(sub) -> None:
     p.add_argument("--baseline", metavar="NAME[,NAME...]",
                    help="what the tuned step must beat, one A/B each: eager, compile, "
                    "max-autotune (default: the strongest this machine runs)")
+    p.add_argument("--tuned-step", metavar="NAME", default="",
+                   help="the step the tuned arm runs the export under: eager, compile, "
+                   "max-autotune (default: each baseline's own). E.g. --baseline max-autotune "
+                   "--tuned-step compile: the export under Inductor's default mode against "
+                   "max-autotune, the switch a max-autotune user makes (the A/A arm stays the "
+                   "baseline's)")
     p.add_argument("--compile", action="store_true",
                    help="the same as --baseline compile (kept for older scripts)")
     p.add_argument("--compile-backend", default="inductor", metavar="NAME",
@@ -115,13 +121,19 @@ def cmd_ab(args) -> int:
             raise TunerError("--compile is --baseline compile: give one of the two")
     elif args.compile:
         baselines = ["compile"]
+    tuned = ""
+    if args.tuned_step:
+        from ..baselines import check_baseline
+
+        tuned = check_baseline(args.tuned_step)
     settings = ab.ABSettings(prompt=args.prompt, steps=args.steps, groups=args.groups,
                              replays=args.replays, export_dir=args.export, families=families,
                              reference=not args.no_reference, profile=not args.no_profile,
                              dtype=args.dtype, trace_only=args.trace_only,
                              compile=args.compile_backend,
                              grouped_attention=not args.transformers_attention,
-                             phase=args.phase, prompt_tokens=args.prompt_tokens)
+                             phase=args.phase, prompt_tokens=args.prompt_tokens,
+                             tuned_step=tuned)
     return ab.run(spec, batches=batches, settings=settings, baselines=baselines,
                   out_root=args.output, timeout_s=parse_duration(args.timeout))
 
