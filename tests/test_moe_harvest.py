@@ -262,3 +262,231 @@ def test_the_tuned_steps_tuner_moe_calls_harvest_as_moe_rows(tmp_path, monkeypat
     assert len(grouped) == 4    # up and down per layer: [m * topk, .] x [E, ., .], offsets [E]
     assert [e["args"]["Input Dims"][:3] for e in grouped[:2]] == [
         [[4, 64], [8, 64, 64], [8]], [[4, 32], [8, 32, 64], [8]]]
+
+
+# ------------------------------------------------------- transformers' grouped-mm experts, --topk
+# A tiny Qwen3-MoE (2 layers, hidden 64, 4 experts, top-2, expert intermediate 32) run on the CPU
+# under torch.profiler (record_shapes, one ProfilerStep#N a forward): transformers' grouped-mm
+# experts (its default) leave two aten::_grouped_mm calls a layer and no MoE op. Batch 3, prompt
+# 5: the prefill has m = 15 tokens (30 rows), each decode step m = 3 (6 rows).
+GROUPED = dict(layers=2, hidden=64, experts=4, topk=2, inter=32, batch=3, prompt=5, decode=2)
+
+
+def _tiny_qwen3_moe():
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    g = GROUPED
+    config = Qwen3MoeConfig(vocab_size=128, hidden_size=g["hidden"], intermediate_size=64,
+                            moe_intermediate_size=g["inter"], num_hidden_layers=g["layers"],
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            num_experts=g["experts"], num_experts_per_tok=g["topk"],
+                            decoder_sparse_step=1, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return Qwen3MoeForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def _cache_kwargs(model, out) -> dict:
+    """The KV cache of `out` as the next forward takes it (`cache` from transformers ~5.2x,
+    `past_key_values` before)."""
+    import inspect
+
+    if "cache" in inspect.signature(model.forward).parameters:
+        return {"cache": out["cache"] if "cache" in out else out.past_key_values}
+    return {"past_key_values": out.past_key_values}
+
+
+@pytest.fixture(scope="module")
+def grouped_trace(tmp_path_factory):
+    """The CPU trace of one prefill and GROUPED['decode'] decode steps of the tiny Qwen3-MoE."""
+    pytest.importorskip("transformers")
+    import torch
+    from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+    model = _tiny_qwen3_moe()
+    ids = torch.randint(0, 128, (GROUPED["batch"], GROUPED["prompt"]),
+                        generator=torch.Generator().manual_seed(1))
+    path = tmp_path_factory.mktemp("grouped") / "tiny_qwen3_moe.pt.trace.json"
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                                  schedule=lambda _step: ProfilerAction.RECORD) as prof:
+        out = model(ids, use_cache=True)
+        for _ in range(GROUPED["decode"]):
+            prof.step()
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            out = model(nxt, use_cache=True, **_cache_kwargs(model, out))
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    grouped = [e for e in events if e.get("name") == "aten::_grouped_mm"]
+    if not grouped:
+        pytest.skip("this transformers / torch runs no aten::_grouped_mm on the CPU")
+    return path
+
+
+def _linear_ms(df) -> set:
+    """The m of the table's GEMM rows: the model's linears run on all of a step's tokens."""
+    return set(df[df.family == "gemm"].m)
+
+
+def test_topk_reads_each_blocks_grouped_mm_pair_as_one_moe_call(grouped_trace):
+    g = GROUPED
+    events = json.loads(grouped_trace.read_text())["traceEvents"]
+    dims = [e["args"]["Input Dims"][:3] for e in events if e.get("name") == "aten::_grouped_mm"]
+    steps = 1 + g["decode"]
+    assert len(dims) == 2 * g["layers"] * steps            # up and down, per layer and step
+    rows = g["batch"] * g["prompt"] * g["topk"]
+    assert dims[:2] == [[[rows, g["hidden"]], [g["experts"], g["hidden"], 2 * g["inter"]],
+                         [g["experts"]]],
+                        [[rows, g["inter"]], [g["experts"], g["inter"], g["hidden"]],
+                         [g["experts"]]]]
+
+    result = harvest.harvest([grouped_trace], quiet=True, topk=g["topk"])
+    df = result.table
+    moe = df[df.family == "moe"]
+    assert sorted(moe.phase) == ["decode", "prefill"]
+    for phase, m, n_steps in (("prefill", g["batch"] * g["prompt"], 1),
+                              ("decode", g["batch"], g["decode"])):
+        r = row(df, family="moe", phase=phase)
+        assert r.op == "aten::_grouped_mm" and r["dtype"] == "bfloat16" and r.batch == 1
+        assert (r.m, r.experts, r.topk, r.k, r.n) == (m, g["experts"], g["topk"], g["hidden"],
+                                                      g["inter"])
+        assert r.calls == g["layers"] * n_steps and r.calls_per_step == g["layers"]
+        assert r.layout == ""
+    # the moe family reads the row as its shape
+    from kernels import get_family
+
+    assert get_family("moe").shape_from_row(row(df, family="moe", phase="decode")) == {
+        "m": g["batch"], "experts": g["experts"], "topk": g["topk"], "hidden": g["hidden"],
+        "inter": g["inter"], "dtype": "bfloat16"}
+    # the per-expert aten::mm the CPU runs inside each grouped matmul are no GEMM rows: every
+    # GEMM row is a linear of all the step's tokens
+    assert _linear_ms(df) == {g["batch"] * g["prompt"], g["batch"]}
+    notes = result.traces[0].notes
+    n_grouped = 2 * g["layers"] * steps
+    assert (f"--topk 2: {n_grouped} aten::_grouped_mm call(s) read as {n_grouped // 2} moe "
+            "call(s) (a block's up and down projections each, m = rows / 2)") in notes
+    assert not any("left out" in n for n in notes), notes
+
+
+def test_without_topk_grouped_mm_gives_no_row_and_a_hint(grouped_trace):
+    g = GROUPED
+    result = harvest.harvest([grouped_trace], quiet=True)
+    df = result.table
+    assert "moe" not in set(df.family) and "experts" not in df.columns
+    assert not (df.op == "aten::_grouped_mm").any()
+    # nor are the per-expert matmuls inside the grouped ones read as GEMM rows of the routing's
+    # token counts
+    assert _linear_ms(df) == {g["batch"] * g["prompt"], g["batch"]}
+    n_grouped = 2 * g["layers"] * (1 + g["decode"])
+    assert any(n.startswith(f"{n_grouped} aten::_grouped_mm call(s) (transformers' grouped-mm "
+                            "MoE experts) give no row") and "pass --topk K" in n
+               for n in result.traces[0].notes), result.traces[0].notes
+
+
+def test_rows_that_do_not_divide_by_the_topk_give_the_note_and_no_row(grouped_trace):
+    g = GROUPED
+    # --topk 4: the prefill's 30 rows and the decode's 6 do not divide by 4
+    result = harvest.harvest([grouped_trace], quiet=True, topk=4)
+    df = result.table
+    assert "moe" not in set(df.family)
+    assert _linear_ms(df) == {g["batch"] * g["prompt"], g["batch"]}
+    notes = result.traces[0].notes
+    prefill = [n for n in notes if "30 rows (m * topk)" in n]
+    decode = [n for n in notes if "6 rows (m * topk)" in n]
+    # each pair is left out whole (its up and down), named by the up projection's dims
+    assert prefill == ["--topk 4: 4 aten::_grouped_mm call(s) left out, no moe row: 30 rows "
+                       "(m * topk) of [30, 64] x [4, 64, 64] do not divide by the top-k 4"]
+    assert decode == ["--topk 4: 8 aten::_grouped_mm call(s) left out, no moe row: 6 rows "
+                      "(m * topk) of [6, 64] x [4, 64, 64] do not divide by the top-k 4"]
+    assert not any("read as" in n for n in notes)
+    # --topk 8: more than the 4 experts (6 rows do not divide, 30 neither): no row either way
+    assert "moe" not in set(harvest.harvest([grouped_trace], quiet=True, topk=8).table.family)
+
+
+def test_topk_on_a_trace_without_grouped_mm_says_so(tmp_path):
+    result = harvest.harvest([Path("shapes/examples/qwen25_05b_b4_decode.pt.trace.json.gz")],
+                             quiet=True, topk=2)
+    assert "moe" not in set(result.table.family)
+    assert ("--topk 2: no aten::_grouped_mm call (transformers' grouped-mm experts) in the "
+            "trace: nothing read as a moe call") in result.traces[0].notes
+
+
+def test_the_pairs_kernels_are_the_moe_calls_time(grouped_trace, tmp_path):
+    """The trace as a GPU would record it (no per-expert mm inside the grouped matmuls, one
+    kernel launched inside each): both kernels of a block are its moe call's time, in no GEMM
+    row and not unattributed."""
+    d = json.loads(grouped_trace.read_text())
+    d["deviceProperties"] = [{"id": 0, "name": "NVIDIA H200"}]
+    events = d["traceEvents"]
+    grouped = [e for e in events if e.get("name") == "aten::_grouped_mm"]
+
+    def inside(e):
+        return any(g["tid"] == e.get("tid") and g["ts"] <= e["ts"]
+                   and e["ts"] + e.get("dur", 0) <= g["ts"] + g["dur"] for g in grouped)
+
+    kept = [e for e in events if not (e.get("name") == "aten::mm" and inside(e))]
+    for j, g in enumerate(grouped):
+        up = "hidden" if g["args"]["Input Dims"][0][1] == GROUPED["hidden"] else "inter"
+        mid, corr = g["ts"] + g["dur"] / 2, 900000 + j
+        kept.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                     "pid": g["pid"], "tid": g["tid"], "ts": mid, "dur": 1.0,
+                     "args": {"correlation": corr}})
+        kept.append({"ph": "X", "cat": "kernel", "name": f"grouped_gemm_{up}", "pid": 0,
+                     "tid": 7, "ts": mid + 2.0, "dur": 10.0 if up == "hidden" else 6.0,
+                     "args": {"correlation": corr, "device": 0, "stream": 7}})
+    d["traceEvents"] = kept
+    path = tmp_path / "as_gpu.pt.trace.json"
+    path.write_text(json.dumps(d))
+    result = harvest.harvest([path], quiet=True, topk=GROUPED["topk"])
+    df = result.table
+    for phase in ("prefill", "decode"):
+        r = row(df, family="moe", phase=phase)
+        assert r.us_per_call == pytest.approx(16.0)
+        assert set(r.kernels.split("; ")) == {"grouped_gemm_hidden", "grouped_gemm_inter"}
+    for r in df[df.family != "moe"].itertuples():
+        assert "grouped_gemm" not in str(r.kernels)
+    t = result.traces[0]
+    assert t.gpu_in_calls_us == pytest.approx(16.0 * len(grouped) / 2)
+    assert t.gpu_unattributed_us == pytest.approx(0.0)
+
+
+def _grouped_op(ts, a, b, tid=1, dtype="c10::BFloat16"):
+    return Op("aten::_grouped_mm", tid, ts, ts + 1.0, None, [a, b, [b[0]], [], []],
+              [dtype, dtype, "int"], [], "grouped_mm")
+
+
+def test_grouped_mm_pairs_by_thread_and_order():
+    """A pair is an up [R, h] x [E, h, 2i] followed on its thread by a down [R, i] x [E, i, h];
+    a lone grouped matmul is left out with the reason and the next one may start a pair."""
+    from tuner.harvest.moe import grouped_mm_calls
+
+    up, down = ([8, 64], [4, 64, 64]), ([8, 32], [4, 32, 64])
+    ops = [_grouped_op(0.0, *down),            # a down with no up before it
+           _grouped_op(1.0, *up), _grouped_op(2.0, *down),
+           _grouped_op(1.5, *up, tid=2), _grouped_op(2.5, *down, tid=2, dtype="float"),
+           _grouped_op(3.0, [8, 64], [4, 64, 48])]    # non-gated: its n is no 2 x inter
+    pairs, problems = grouped_mm_calls(ops, list(range(len(ops))), 2)
+    assert [(u, d) for u, d, _ in pairs] == [(1, 2)]
+    c = pairs[0][2]
+    assert (c.family, c.m, c.experts, c.topk, c.k, c.n, c.dtype) == (
+        "moe", 4, 4, 2, 64, 32, "bfloat16")
+    assert len(problems) == 4
+    # thread 1 (the lone down, the non-gated one last on it), then thread 2's pair, both left out
+    assert problems[0].startswith("[8, 32] x [4, 32, 64] is not followed by the down")
+    assert problems[1].startswith("[8, 64] x [4, 64, 48] is not followed by the down")
+    assert problems[1].endswith("next nothing")
+    assert problems[2:] == ["the up and down weights differ in dtype (bfloat16, float32)"] * 2
+
+
+def test_topk_below_one_is_one_error_line(grouped_trace, capsys):
+    from tuner.cli import main
+    from tuner.errors import TunerError
+
+    for bad in (0, -1):
+        with pytest.raises(TunerError, match=r"--topk must be an integer >= 1"):
+            harvest.harvest([grouped_trace], quiet=True, topk=bad)
+    with pytest.raises(TunerError, match=r"--topk must be"):
+        harvest.read_trace(grouped_trace, topk=0)
+    assert main(["run", str(grouped_trace), "--topk", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "tuner: error: --topk must be an integer >= 1 (the model's num_experts_per_tok), got 0"]

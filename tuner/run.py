@@ -56,12 +56,14 @@ def trace_name(trace: str | Path) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name) or "trace"
 
 
-def harvest_trace(trace: str | Path, top: int = 8, kv_heads: int | None = None) -> pd.DataFrame:
+def harvest_trace(trace: str | Path, top: int = 8, kv_heads: int | None = None,
+                  topk: int | None = None) -> pd.DataFrame:
     """Harvest the trace (tuner.harvest; `kv_heads`: its regrouping of repeated-KV decode
-    attention) and print its summary and top rows."""
+    attention; `topk`: its reading of transformers' grouped-mm experts as moe calls) and print
+    its summary and top rows."""
     from . import harvest
 
-    result = harvest.harvest([str(trace)], quiet=True, kv_heads=kv_heads)
+    result = harvest.harvest([str(trace)], quiet=True, kv_heads=kv_heads, topk=topk)
     harvest.report(result, top=top)
     return result.table
 
@@ -221,9 +223,10 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
                graph_captured: bool = False, gpu: bool | None = None, out=print,
                trials: int | None = None, objective=None, measure=None,
                kv_heads: int | None = None, compiled_baseline: bool = False,
-               baseline: str = "") -> RunResult:
+               baseline: str = "", topk: int | None = None) -> RunResult:
     """The main job. `gpu=None` detects; False forces the CPU path (harvest, budget, plan);
-    `kv_heads`: the model's KV heads for harvest (`tuner harvest --kv-heads`);
+    `kv_heads`: the model's KV heads for harvest (`tuner harvest --kv-heads`); `topk`: the
+    model's top-k for harvest (`tuner harvest --topk`: transformers' grouped-mm experts);
     `baseline`: what rank measures the candidates against (`tuner rank --baseline`: eager,
     compile, max-autotune; `compiled_baseline` is the older name of 'compile').
 
@@ -233,7 +236,10 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
     from . import search, shapetable
     from .runtime import EXPORT_ROOT
 
+    from .harvest import check_topk
+
     timeout_s = parse_duration(timeout)
+    check_topk(topk)
     trace = Path(trace)
     check_trace(trace)
     out_dir = Path(out_dir) if out_dir else RUNS_DIR / trace_name(trace)
@@ -241,7 +247,7 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
     gpu = have_gpu() if gpu is None else gpu
 
     # 1. harvest
-    table = harvest_trace(trace, kv_heads=kv_heads)
+    table = harvest_trace(trace, kv_heads=kv_heads, topk=topk)
     result.shapes_path = shapetable.write(table, out_dir / "shapes.parquet")
     out(f"harvest: {len(table)} call shape(s) from {trace} -> {result.shapes_path}")
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 __all__ = ["DEFAULT_STORAGE_TEXT", "baseline_flag", "device_flag", "family_flag", "step_baseline_of",
-           "kv_heads_flag", "min_saving_flag", "parity_flags", "storage_flag", "timeout_flag"]
+           "kv_heads_flag", "min_saving_flag", "parity_flags", "storage_flag", "timeout_flag",
+           "topk_flag"]
 
 
 DEFAULT_STORAGE_TEXT = "sqlite:///artifacts/studies.db"
@@ -33,6 +34,14 @@ def kv_heads_flag(p) -> None:
                    "trace records on a repeated KV cache (kv_heads = heads: transformers' "
                    "repeat_kv before SDPA, compiled or before ~5.2) are read as the grouped call "
                    "tuner.serving runs on the cache itself, so a search can tune head stacking")
+
+
+def topk_flag(p) -> None:
+    p.add_argument("--topk", type=int, metavar="K",
+                   help="the model's experts per token (num_experts_per_tok): each MoE block of "
+                   "transformers' grouped-mm experts (its default from 5.0: two aten::_grouped_mm "
+                   "calls of m * K rows, no MoE op) is read as one moe row of m = rows / K "
+                   "(docs/harvest.md)")
 
 
 def baseline_flag(p) -> None:

@@ -21,7 +21,7 @@ from .files import (
     trace_rank,
 )
 from .graphs import read_captures
-from .pipeline import HarvestResult, check_kv_heads, harvest
+from .pipeline import HarvestResult, check_kv_heads, check_topk, harvest
 from .printing import format_table, report, summarize
 from .profiling import live, load_callable
 from .records import Call, Op, Step, TraceData, union_length
@@ -31,7 +31,8 @@ from .trace import kernel_totals, read_trace
 from .watching import watch
 
 __all__ = [
-    "harvest", "HarvestResult", "check_kv_heads", "report", "summarize", "format_table",
+    "harvest", "HarvestResult", "check_kv_heads", "check_topk", "report", "summarize",
+    "format_table",
     "read_trace", "kernel_totals", "TraceData", "aggregate", "KEY_FIELDS",
     "resolve_inputs", "resolve_pairs", "CAPTURE_DIR", "default_output", "trace_rank",
     "is_trace_file", "read_captures",

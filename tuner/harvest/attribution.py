@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from .moe import moe_call
+from .moe import grouped_mm_calls, grouped_mm_hint, grouped_mm_notes, moe_call, moe_notes
 from .records import Call, Op, RawTrace, Step
 from .shapes import call_and_empty_size
 from .steps import step_of
@@ -95,10 +95,30 @@ def _moe_op_above(ops: list[Op], i: int) -> int:
     return found
 
 
+def _grouped_call_above(ops: list[Op], i: int) -> int:
+    """The moe call (its op index) of a grouped matmul pair that op i is, or is inside, or -1."""
+    while i >= 0:
+        if ops[i].grouped_call >= 0:
+            return ops[i].grouped_call
+        i = ops[i].parent
+    return -1
+
+
+def _grouped_mm_above(ops: list[Op], i: int) -> bool:
+    """Whether op i lies inside a grouped matmul (kind grouped_mm), read as a call or not."""
+    i = ops[i].parent
+    while i >= 0:
+        if ops[i].kind == "grouped_mm":
+            return True
+        i = ops[i].parent
+    return False
+
+
 def call_owner(ops: list[Op], i: int, calls: dict) -> int:
     """The call that a GPU activity launched inside op i belongs to, or -1 (another op's).
 
-    Under an attention call: that call. Else the GEMM (or MoE) call op i is. Else, inside a MoE
+    Under an attention call: that call. Else the GEMM (or MoE) call op i is. Else, in either
+    grouped matmul of a pair read as a moe call (harvest --topk), that call. Else, inside a MoE
     call, that call (its align / sort and expert GEMM kernels), except what the router's top-k
     op inside it launched (moe_topk: the router's, as the moe family takes topk_ids as input).
     A linear inside a MoE op (vLLM's shared experts) stays its own call."""
@@ -107,21 +127,30 @@ def call_owner(ops: list[Op], i: int, calls: dict) -> int:
         return attn
     if i in calls:
         return i
+    grouped = _grouped_call_above(ops, i)
+    if grouped >= 0:
+        return grouped
     if ops[i].kind == "moe_topk":
         return -1
     moe = _moe_op_above(ops, i)
     return moe if moe in calls else -1
 
 
-def select_calls(ops: list[Op], moe_problems: list | None = None) -> tuple[dict, int, int]:
+def select_calls(ops: list[Op], notes: list | None = None,
+                 topk: int | None = None) -> tuple[dict, int, int]:
     """{op index: Call}, how many GEMM/attention ops gave no shape and how many calls had a
     zero size (shapes.call_and_empty_size: dropped).
 
     Attention calls first: the outermost attention op whose dims give a shape (an autograd
-    wrapper without dims leaves the call to the op inside it). Then GEMM calls: the innermost
-    GEMM-family op, unless it is part of an attention call. Then MoE calls: the outermost MoE
-    op, its shape from its dims and those of the MoE ops inside it (moe.moe_call); why a MoE
-    op gave no call is appended to `moe_problems`.
+    wrapper without dims leaves the call to the op inside it). With `topk` (harvest --topk),
+    transformers' grouped-mm experts: each pair of grouped matmuls of a block outside any MoE op
+    is one moe call (moe.grouped_mm_calls), keyed by the up projection's op. Then GEMM calls:
+    the innermost GEMM-family op, unless it is part of an attention call or inside a grouped
+    matmul, read as a call or not (the CPU runs a grouped matmul as one mm per expert inside it:
+    token counts of the routing, no call a serving build makes). Then MoE calls: the outermost
+    MoE op, its shape from its dims and those of the MoE ops inside it (moe.moe_call). Why MoE
+    ops or grouped matmuls gave no call (and how many pairs were read; without `topk`, how many
+    grouped matmuls --topk would read) is appended to `notes`.
     """
     attention: dict[int, Call] = {}
     unparsed = empty = 0
@@ -136,10 +165,23 @@ def select_calls(ops: list[Op], moe_problems: list | None = None) -> tuple[dict,
                 attention[i] = c
     calls: dict[int, Call] = {i: c for i, c in attention.items()
                               if _attention_call_above(ops, ops[i].parent, attention) < 0}
+    found_notes: list[str] = []
+    grouped = [i for i, op in enumerate(ops) if op.kind == "grouped_mm"]
+    for i in grouped:
+        ops[i].grouped_call = -1
+    if topk is not None:
+        pairs, problems = grouped_mm_calls(
+            ops, [i for i in grouped if _moe_op_above(ops, i) < 0], topk)
+        for up, down, c in pairs:
+            calls[up] = c
+            ops[up].grouped_call = ops[down].grouped_call = up
+        found_notes.extend(grouped_mm_notes(topk, len(pairs), problems))
+    else:
+        found_notes.extend(grouped_mm_hint(sum(_moe_op_above(ops, i) < 0 for i in grouped)))
     for i, op in enumerate(ops):
         if op.kind != "gemm" or not op.dims or op.has_gemm_child:
             continue
-        if _attention_call_above(ops, op.parent, calls) >= 0:
+        if _attention_call_above(ops, op.parent, calls) >= 0 or _grouped_mm_above(ops, i):
             continue
         c, zero = call_and_empty_size(op)
         if c is None:
@@ -148,6 +190,7 @@ def select_calls(ops: list[Op], moe_problems: list | None = None) -> tuple[dict,
             empty += 1
         else:
             calls[i] = c
+    moe_problems: list[str] = []
     members: dict = {}
     for j, op in enumerate(ops):
         if op.kind.startswith("moe"):
@@ -160,8 +203,10 @@ def select_calls(ops: list[Op], moe_problems: list | None = None) -> tuple[dict,
         c, why = moe_call(ops, i, sorted((j for j in inside if j != i), key=lambda j: ops[j].ts))
         if c is not None:
             calls[i] = c
-        elif moe_problems is not None:
+        else:
             moe_problems.append(why)
+    if notes is not None:
+        notes.extend(moe_notes(moe_problems) + found_notes)
     return calls, unparsed, empty
 
 

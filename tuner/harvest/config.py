@@ -11,7 +11,7 @@ from dataclasses import dataclass
 __all__ = [
     "Dialect", "KINETO", "KINETO_2021", "DIALECTS", "CATEGORY_KINDS",
     "GEMM_CORE", "GEMM_WRAPPERS", "GEMM_OPS", "LINEAR_OPS", "ATTN_BHLD", "ATTN_BLHD",
-    "ATTN_NAME_RE", "MOE_OPS", "MOE_PARTS", "MOE_TOPK_OPS", "MOE_PACKED_VIEW",
+    "ATTN_NAME_RE", "MOE_OPS", "MOE_PARTS", "MOE_TOPK_OPS", "MOE_PACKED_VIEW", "GROUPED_MM_OP",
     "INDUCTOR_KERNEL_RE", "INDUCTOR_GEMM_RE", "INDUCTOR_GEMM_OP", "COMPILED_REGION_PREFIX",
     "StepMarker", "STEP_MARKERS", "PHASE_WORDS", "ANNOTATION_PREFIXES",
     "DTYPES", "TRACE_SUFFIXES", "RANK_RE", "GPU_NAME_RE", "LAUNCH_BOUND", "UNATTRIBUTED_WARN",
@@ -128,6 +128,11 @@ MOE_TOPK_OPS = frozenset({"_moe_C::topk_softmax", "sgl_kernel::topk_softmax", "T
 # weights show only as views of their packed storage, uint8 [E, hidden / 2, 2 inter] (w1) and
 # [E, inter / 2, hidden] (w2), inside the layer's moe_forward.
 MOE_PACKED_VIEW = ("aten::view", "unsigned char")
+# transformers' grouped-mm experts (its default from 5.0) run a MoE block as plain ops, with two
+# grouped matmuls of the sorted (token, expert) pairs: up [m * topk, hidden] x [E, hidden,
+# 2 inter] and down [m * topk, inter] x [E, inter, hidden], offsets [E]. Kept as ops of kind
+# "grouped_mm"; `harvest --topk K` reads each such pair as one moe call (moe.grouped_mm_calls).
+GROUPED_MM_OP = "aten::_grouped_mm"
 # The kernels torch.compile (Inductor) generates are recorded as CPU ops named after the kernel,
 # and the name lists the ops it fused: "triton_poi_fused__scaled_dot_product_cudnn_attention_
 # _to_copy_..._rsqrt..." is a fused elementwise kernel (rotary, norm, casts) next to an attention

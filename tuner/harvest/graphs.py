@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..errors import TunerError
 from .attribution import call_owner, index_ops, mark_compiled, select_calls
-from .moe import moe_notes
+from .moe import check_topk
 from .reading import read_events, read_header
 from .records import Call, RawTrace
 
@@ -154,16 +154,16 @@ def _window_label(raw: RawTrace, tid, start: float, end: float, i: int) -> str:
     return best[0] if best else f"graph {i + 1}"
 
 
-def graphs_of_capture(path: Path, raw: RawTrace) -> list[CapturedGraph]:
-    """The graphs one capture trace holds (one per capture window)."""
+def graphs_of_capture(path: Path, raw: RawTrace, topk: int | None = None) -> list[CapturedGraph]:
+    """The graphs one capture trace holds (one per capture window); `topk`: harvest --topk."""
     windows = capture_windows(raw)
     if not windows and not graph_launches(raw):   # a replay is no capture
         windows = _unrun_launches_window(raw)
     if not windows:
         return []
     index = index_ops(raw.ops)
-    moe_problems: list = []
-    calls, _unparsed, _empty = select_calls(raw.ops, moe_problems)
+    capture_notes: list = []
+    calls, _unparsed, _empty = select_calls(raw.ops, capture_notes, topk)
     mark_compiled(calls, raw.ops, raw.compiled_regions)
     call_at = {i: c for i, c in calls.items()}
     launches_by_tid: dict = {}
@@ -191,13 +191,14 @@ def graphs_of_capture(path: Path, raw: RawTrace) -> list[CapturedGraph]:
         graphs.append(CapturedGraph(path.name, _window_label(raw, tid, start, end, i), launches,
                                     window_calls, ms.most_common(1)[0][0] if ms else None,
                                     len(raw.compiled_regions),
-                                    [f"{path.name}: {n}" for n in moe_notes(moe_problems)]))
+                                    [f"{path.name}: {n}" for n in capture_notes]))
     return graphs
 
 
-def read_captures(paths: list) -> list[CapturedGraph]:
+def read_captures(paths: list, topk: int | None = None) -> list[CapturedGraph]:
     """The graphs of the capture traces; a capture trace without any capture window is an
-    error (it is no capture)."""
+    error (it is no capture). `topk`: harvest --topk (transformers' grouped-mm experts)."""
+    check_topk(topk)
     graphs: list[CapturedGraph] = []
     for p in paths:
         p = Path(p)
@@ -205,7 +206,7 @@ def read_captures(paths: list) -> list[CapturedGraph]:
         if not header.get("has_events"):
             raise TunerError(f"{p}: JSON without traceEvents, not a torch profiler trace")
         raw = read_events(p, header["format"])
-        found = graphs_of_capture(p, raw)
+        found = graphs_of_capture(p, raw, topk)
         if not found:
             raise TunerError(f"{p}: no graph capture in it (no cudaStreamBeginCapture / "
                              "hipStreamBeginCapture ... EndCapture, no launch that ran nothing): "

@@ -19,14 +19,23 @@ dtype. Each field comes from the dims of the call's op or of the ops inside it:
 Sources that disagree, or fields no op gives, leave the call out with the reason (a note of the
 trace): never a row of guessed numbers. The experts are the weights' E where the weights are
 among the dims (with expert parallelism the router's E is the global count), else the router's.
+
+transformers' grouped-mm experts leave no MoE op: each block runs two `aten::_grouped_mm` calls
+among plain ops, up [R, hidden] x [E, hidden, 2 inter] and down [R, inter] x [E, inter, hidden]
+(offsets [E]), R = m * topk. Their dims cannot tell m and the top-k apart; `harvest --topk K`
+says the top-k, and `grouped_mm_calls` reads each such pair as one moe call of m = R / K.
 """
 
 from __future__ import annotations
 
+import numbers
+
+from ..errors import TunerError
 from .records import Call, Op
 from .shapes import _dtype, _input
 
-__all__ = ["FIELDS", "MXFP4", "moe_call", "moe_notes"]
+__all__ = ["FIELDS", "MXFP4", "check_topk", "grouped_mm_calls", "grouped_mm_hint",
+           "grouped_mm_none", "grouped_mm_notes", "moe_call", "moe_notes"]
 
 FIELDS = ("m", "experts", "topk", "hidden", "inter", "dtype")
 MXFP4 = "mxfp4"   # 4-bit weights packed two to a uint8 byte, vLLM's MXFP4 (gpt-oss) path
@@ -150,3 +159,106 @@ def moe_notes(problems: list[str]) -> list[str]:
         counts[why] = counts.get(why, 0) + 1
     return [f"{n} MoE call(s) left out, their dims do not give the shape: {why}"
             for why, n in counts.items()]
+
+
+def _grouped_dims(op: Op) -> list | None:
+    """[R, k, E, n] of an aten::_grouped_mm of A [R, k] by B [E, k, n] with offsets [E] (what
+    transformers' grouped-mm experts run), else None."""
+    a, b, offs = _input(op.dims, 0), _input(op.dims, 1), _input(op.dims, 2)
+    if a is None or b is None or offs is None or len(a) != 2 or len(b) != 3 \
+            or offs != [b[0]] or a[1] != b[1]:
+        return None
+    return [a[0], a[1], b[0], b[2]]
+
+
+def _text(op: Op) -> str:
+    return f"{op.dims[0]} x {op.dims[1]}" if len(op.dims) >= 2 else str(op.dims)
+
+
+def _grouped_pair(up: Op, down: Op, topk: int) -> tuple[Call | None, bool, str]:
+    """(the moe call, True, "") when `up` and `down` are the up and down projections of one gated
+    block and their rows divide by `topk`; (None, True, why) when they are such a pair that gives
+    no shape; (None, False, why) when they are no such pair."""
+    u, d = _grouped_dims(up), _grouped_dims(down) if down is not None else None
+    if u is None:
+        return None, False, (f"{_text(up)} is not [rows, k] x [E, k, n] with offsets [E]")
+    if d is None or not (u[0] == d[0] and u[2] == d[2] and u[3] == 2 * d[1] and d[3] == u[1]):
+        return None, False, (f"{_text(up)} is not followed by the down projection of a gated "
+                             f"block ([rows, inter] x [E, inter, hidden], 2 inter = its n): next "
+                             + (_text(down) if down is not None else "nothing"))
+    rows, hidden, experts, inter = u[0], u[1], u[2], d[1]
+    dtype, down_dtype = _dtype(up.types, 1), _dtype(down.types, 1)
+    if dtype != down_dtype:
+        return None, True, f"the up and down weights differ in dtype ({dtype}, {down_dtype})"
+    if rows % topk:
+        return None, True, (f"{rows} rows (m * topk) of {_text(up)} do not divide by the top-k "
+                            f"{topk}")
+    m = rows // topk
+    if min(m, hidden, experts, inter) <= 0 or topk > experts:
+        return None, True, (f"a zero size or a top-k above the experts (m={m}, experts={experts}, "
+                            f"topk={topk}, hidden={hidden}, inter={inter})")
+    return Call(op=up.name, family="moe", m=m, n=inter, k=hidden, batch=1, dtype=dtype,
+                layout="", ts=up.ts, experts=experts, topk=topk), True, ""
+
+
+def grouped_mm_calls(ops: list[Op], indices: list[int], topk: int
+                     ) -> tuple[list[tuple[int, int, Call]], list[str]]:
+    """([(up op index, down op index, moe call)], [why, per grouped matmul left out]) of the
+    grouped matmuls `indices` (ops of kind grouped_mm outside any MoE op): on each thread, in
+    time order, a grouped matmul and the next one are one call when they are the up and down
+    projections of one gated block (same rows R and experts E, up's n = 2 x down's k = 2 inter,
+    down's n = up's k = hidden), with m = R / topk; a grouped matmul that starts no such pair
+    is left out, and the next one may start a pair."""
+    by_tid: dict = {}
+    for i in indices:
+        by_tid.setdefault(ops[i].tid, []).append(i)
+    pairs, problems = [], []
+    for seq in by_tid.values():
+        seq.sort(key=lambda i: ops[i].ts)
+        j = 0
+        while j < len(seq):
+            nxt = ops[seq[j + 1]] if j + 1 < len(seq) else None
+            call, paired, why = _grouped_pair(ops[seq[j]], nxt, topk)
+            if call is not None:
+                pairs.append((seq[j], seq[j + 1], call))
+            else:
+                problems.extend([why] * (2 if paired else 1))
+            j += 2 if paired else 1
+    return pairs, problems
+
+
+def grouped_mm_notes(topk: int, read: int, problems: list[str]) -> list[str]:
+    """What `harvest --topk` did with a trace's grouped matmuls: how many pairs it read as moe
+    calls, and one note per reason it left some out, with how many (none without any grouped
+    matmul: `grouped_mm_none` says so once per trace, captures included)."""
+    counts: dict = {}
+    for why in problems:
+        counts[why] = counts.get(why, 0) + 1
+    lines = [f"--topk {topk}: {2 * read} aten::_grouped_mm call(s) read as {read} moe "
+             f"call(s) (a block's up and down projections each, m = rows / {topk})"] if read else []
+    return lines + [f"--topk {topk}: {n} aten::_grouped_mm call(s) left out, no moe row: {why}"
+                    for why, n in counts.items()]
+
+
+def grouped_mm_none(topk: int) -> str:
+    """The note of `harvest --topk` on a trace (and its captures) without any grouped matmul."""
+    return (f"--topk {topk}: no aten::_grouped_mm call (transformers' grouped-mm experts) in the "
+            "trace: nothing read as a moe call")
+
+
+def grouped_mm_hint(count: int) -> list[str]:
+    """Without `harvest --topk`: one note when the trace holds grouped matmuls (outside any MoE
+    op), which give no row then, and what reads them."""
+    if not count:
+        return []
+    return [f"{count} aten::_grouped_mm call(s) (transformers' grouped-mm MoE experts) give no "
+            "row: their dims hold m * topk, not m and the top-k apart; pass --topk K (the "
+            "model's num_experts_per_tok) to read each block's up and down pair as one moe call"]
+
+
+def check_topk(topk) -> None:
+    """A TunerError unless `topk` (harvest --topk) is None or a count >= 1."""
+    if topk is not None and (isinstance(topk, bool) or not isinstance(topk, numbers.Integral)
+                             or topk < 1):
+        raise TunerError(f"--topk must be an integer >= 1 (the model's num_experts_per_tok), "
+                         f"got {topk!r}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import TunerError, info
 from .files import CAPTURE_DIR
-from .pipeline import HarvestResult, harvest
+from .pipeline import HarvestResult, check_topk, harvest
 
 __all__ = ["load_callable", "live"]
 
@@ -72,7 +72,7 @@ def _save(raw: Path, save: Path) -> Path:
 
 def live(target: str, steps: int, output=None, *, save_trace=None, phase: str | None = None,
          quiet: bool = False, graph: bool = False, device_name: str | None = None,
-         kv_heads: int | None = None) -> HarvestResult:
+         kv_heads: int | None = None, topk: int | None = None) -> HarvestResult:
     """Run CALLABLE `steps` times under torch.profiler (record_shapes on, one profiler step per
     call), export the trace and harvest it.
 
@@ -82,11 +82,13 @@ def live(target: str, steps: int, output=None, *, save_trace=None, phase: str | 
     DIR/capture_traces/<name>.pt.trace.json.gz (the capture), the layout `tuner harvest DIR`
     pairs. A callable with a `step_annotation` attribute (a string) runs each step inside
     record_function(step_annotation), e.g. a vLLM-style execute_context_0(0)_generation_8(8).
+    `kv_heads`, `topk`: as harvest's.
     """
     import torch
 
     if steps is None or steps < 1:
         raise TunerError("--live needs --steps N (N >= 1): how many calls to profile")
+    check_topk(topk)   # before any profiling
     if graph and not torch.cuda.is_available():
         raise TunerError("--live --graph needs a CUDA or ROCm GPU: graphs capture device work, "
                          "and none is visible")
@@ -101,12 +103,12 @@ def live(target: str, steps: int, output=None, *, save_trace=None, phase: str | 
                 replay = _save(replay, folder / f"{name}.pt.trace.json.gz")
                 capture = _save(capture, folder / CAPTURE_DIR / f"{name}.pt.trace.json.gz")
             return harvest([replay], output, phase=phase, quiet=quiet, capture=[capture],
-                           device_name=device_name, kv_heads=kv_heads)
+                           device_name=device_name, kv_heads=kv_heads, topk=topk)
         trace = _profile_calls(fn, target, steps, tmpdir / "live.pt.trace.json")
         if save_trace:
             trace = _save(trace, Path(save_trace))
         return harvest([trace], output, phase=phase, quiet=quiet, device_name=device_name,
-                       kv_heads=kv_heads)
+                       kv_heads=kv_heads, topk=topk)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 

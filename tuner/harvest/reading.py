@@ -348,7 +348,8 @@ def _shaped_op(name) -> bool:
 
 def _other_kind(name: str) -> str:
     """The kind of a kept op that is no GEMM: attention, moe (a MoE call), moe_part / moe_topk
-    (ops inside one that add to its shape), "view" (kept only as a packed weight view), or ""."""
+    (ops inside one that add to its shape), "view" (kept only as a packed weight view),
+    grouped_mm (transformers' grouped-mm experts: a moe call with `harvest --topk`), or ""."""
     if name in config.MOE_OPS:
         return "moe"
     if name in config.MOE_PARTS:
@@ -357,6 +358,8 @@ def _other_kind(name: str) -> str:
         return "moe_topk"
     if name == config.MOE_PACKED_VIEW[0]:
         return "view"
+    if name == config.GROUPED_MM_OP:
+        return "grouped_mm"
     return "attention" if is_attention(name) else ""
 
 

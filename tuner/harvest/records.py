@@ -19,9 +19,12 @@ class Op:
     dims: list
     types: list
     strides: list
-    kind: str              # "gemm", "attention", "moe", or "moe_part" / "moe_topk" (inside a moe call)
+    kind: str              # "gemm", "attention", "moe", "moe_part" / "moe_topk" (inside a moe
+                           # call), or "grouped_mm" (config.GROUPED_MM_OP)
     parent: int = -1       # index of the enclosing GEMM/attention op on the same thread
     has_gemm_child: bool = False
+    grouped_call: int = -1  # grouped_mm read with its partner as one moe call (harvest --topk):
+                            # the index of the op that call is keyed by (the up projection's)
 
 
 @dataclass

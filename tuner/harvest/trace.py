@@ -15,7 +15,7 @@ from . import config
 from .attribution import attribute_activities, index_ops, mark_compiled, select_calls
 from .files import trace_rank
 from .graphs import capture_windows, graph_launches, join_replay
-from .moe import moe_notes
+from .moe import check_topk, grouped_mm_none
 from .reading import OP_WITHOUT_TIME, read_events, read_header
 from .records import RawTrace, Step, TraceData
 from .shapes import complete_decode_attention, split_linears
@@ -38,14 +38,16 @@ def _no_gc():
 
 
 def read_trace(path, steps: int | None = None, *, graphs: list | None = None,
-               device_name: str | None = None) -> TraceData:
+               device_name: str | None = None, topk: int | None = None) -> TraceData:
     """Parse one trace file into its calls and steps (see the module docstring).
 
     `graphs` (graphs.read_captures) are the CUDA/HIP graphs captured for this replay trace: its
     graph launches are joined with them. `device_name` names the GPU when the trace does not.
+    `topk` (harvest --topk): read transformers' grouped-mm experts as moe calls of this top-k.
     """
+    check_topk(topk)
     with _no_gc():
-        return _read_trace(Path(path), steps, graphs or [], device_name)
+        return _read_trace(Path(path), steps, graphs or [], device_name, topk)
 
 
 def compiled_kernels(raw: RawTrace) -> int:
@@ -152,7 +154,8 @@ def _drop_empty_steps(step_list: list[Step], calls: list, notes: list) -> list[S
     return [step_list[j] for j in kept]
 
 
-def _read_trace(path: Path, steps: int | None, graphs: list, device_name: str | None) -> TraceData:
+def _read_trace(path: Path, steps: int | None, graphs: list, device_name: str | None,
+                topk: int | None) -> TraceData:
     header = read_header(path)
     if not header.get("has_events"):
         raise TunerError(f"{path}: JSON without traceEvents, not a torch profiler trace")
@@ -162,9 +165,7 @@ def _read_trace(path: Path, steps: int | None, graphs: list, device_name: str | 
     _check_raw(path, raw, notes, joining)
 
     index = index_ops(raw.ops)
-    moe_problems: list[str] = []
-    call_of_op, unparsed, empty = select_calls(raw.ops, moe_problems)
-    notes.extend(moe_notes(moe_problems))
+    call_of_op, unparsed, empty = select_calls(raw.ops, notes, topk)
     if unparsed:
         notes.append(f"{unparsed} GEMM/attention ops whose dims give no GEMM or attention shape "
                      "(e.g. a matrix-vector matmul) are skipped")
@@ -186,6 +187,8 @@ def _read_trace(path: Path, steps: int | None, graphs: list, device_name: str | 
     calls = list(call_of_op.values()) + (join.calls if join else [])
     if join:
         notes.extend(dict.fromkeys(n for g in graphs for n in g.notes))
+    if topk is not None and not any(config.GROUPED_MM_OP in n for n in notes):
+        notes.append(grouped_mm_none(topk))
     outside = _assign_calls(calls, step_list)
     split = attribute_activities(raw, index, call_of_op, step_list, notes,
                                  joined=join.assignments if join else None)

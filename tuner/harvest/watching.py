@@ -18,6 +18,7 @@ from ..errors import TunerError, info, warn
 from . import config
 from .files import CAPTURE_DIR, is_trace_file, trace_rank
 from .graphs import read_captures
+from .moe import check_topk
 from .records import TraceData
 from .table import aggregate
 from .trace import read_trace
@@ -84,14 +85,16 @@ class _Folder:
 
 def watch(directory, output, *, rank: int | None = None, steps: int | None = None,
           phase: str | None = None, interval: float = 2.0, max_polls: int | None = None,
-          device_name: str | None = None) -> int:
+          device_name: str | None = None, topk: int | None = None) -> int:
     """Harvest new trace files in `directory` as they appear, keeping one merged table at
     `output` up to date; a file is read once its size and mtime stayed the same for one poll.
-    Stops on Ctrl-C (or after `max_polls` polls). Returns the number of traces harvested."""
+    Stops on Ctrl-C (or after `max_polls` polls). Returns the number of traces harvested.
+    `topk`: as harvest's (transformers' grouped-mm experts read as moe calls)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise TunerError(f"--watch: not a directory: {directory}")
     interval = check_interval(interval)
+    check_topk(topk)
     output = check_output_file(output, "-o")   # now, not at the first trace
     chosen_rank = rank if rank is not None else 0   # for files whose name gives a rank
     traces, captures = _Folder(directory, chosen_rank), _Folder(directory / CAPTURE_DIR,
@@ -107,7 +110,7 @@ def watch(directory, output, *, rank: int | None = None, steps: int | None = Non
             polls += 1
             new_graphs = False
             for f in captures.ready(graphs_of):
-                got = _read(f, lambda p: read_captures([p]), captures)
+                got = _read(f, lambda p: read_captures([p], topk), captures)
                 if got is not None:
                     graphs_of[f] = got
                     new_graphs = True
@@ -117,7 +120,7 @@ def watch(directory, output, *, rank: int | None = None, steps: int | None = Non
             changed = False
             for f in again + traces.ready(done):
                 got = _read(f, lambda p: read_trace(p, steps=steps, graphs=graphs,
-                                                    device_name=device_name), traces)
+                                                    device_name=device_name, topk=topk), traces)
                 if got is not None:
                     done[f] = got
                     changed = True
