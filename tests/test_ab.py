@@ -268,9 +268,13 @@ def test_the_tuned_arm_can_run_its_own_step_beside_an_eager_baseline(export_dir,
     settings = ABSettings(batch=2, prompt=4, steps=2, groups=2, replays=1, compile="aot_eager",
                           baseline="eager", tuned_step="compile", export_dir=str(export_dir),
                           out_dir=str(tmp_path / "ab"), device="cpu", families=("gemv",),
-                          profile=False)
+                          profile_steps=1)
     stages = []
     data = measure(("callable", TINY), settings, stages.append)
+    # each arm is profiled running its own step: only the tuned arm's is a compiled region
+    compiled = {arm: "Torch-Compiled Region" in Path(data["traces"][arm]["capture"]).read_text()
+                for arm in ("baseline", "tuned", "aa")}
+    assert compiled == {"baseline": False, "tuned": True, "aa": False}
     captures = [s for s in stages if s.startswith("capture:")]
     assert captures[0] == "capture: baseline arm"
     assert "capture: tuned arm (compile, torch.compile aot_eager" in captures[1]

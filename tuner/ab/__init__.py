@@ -29,6 +29,7 @@ from ..hardware import have_gpu
 from ..report import write_ab_report
 from .child import run_child
 from .harness import check_spec
+from .verdict import step_words
 from .measure import ABSettings, compile_backend, step_baseline, tuned_step
 from .verdict import (EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, paired_moe_keys,
                       summary_lines)
@@ -416,6 +417,10 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
                      crashed="" if child.ok else child.reason, tables=tables,
                      projected=projected, floors=floors, floor_profile=floor_label,
                      projection_baselines=paths, kernels=kernels)
+    if verdict.crashed and not child.ok:  # no data to name the steps: the request's
+        verdict.baseline, verdict.tuned_step = baseline, own
+        verdict.step_mode = step_words(baseline, s.compile)
+        verdict.tuned_step_mode = step_words(own, s.compile)
     directory.mkdir(parents=True, exist_ok=True)
     record = verdict.to_json()
     record["seconds"] = child.seconds

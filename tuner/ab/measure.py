@@ -272,10 +272,10 @@ def _profile(arm: _Arm, directory: Path, steps: int, gpu: bool) -> dict:
         if gpu:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                arm.harness.decode()
+                arm.decode()
             torch.cuda.synchronize()
         else:
-            arm.harness.decode()
+            arm.decode()
     prof.export_chrome_trace(str(capture_path))
     replay = graph.replay if graph is not None else arm.step
     with profile(activities=activities, record_shapes=True,

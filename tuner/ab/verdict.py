@@ -358,8 +358,8 @@ def decide(data: dict | None, *, label: str, crashed: str = "", tables: dict | N
     verdict.baseline = data.get("baseline") or settings.get("baseline") or (
         "compile" if backend else "eager")
     verdict.tuned_step = data.get("tuned_step") or verdict.baseline
-    verdict.step_mode = _step_words(verdict.baseline, backend)
-    verdict.tuned_step_mode = _step_words(verdict.tuned_step, backend)
+    verdict.step_mode = step_words(verdict.baseline, backend)
+    verdict.tuned_step_mode = step_words(verdict.tuned_step, backend)
     verdict.attention_baseline = (data.get("attention_baseline") or {}).get("form") or ""
     verdict.serving = data.get("serving") or {}
     _timing(verdict, data.get("group_us") or {})
@@ -380,7 +380,7 @@ def decide(data: dict | None, *, label: str, crashed: str = "", tables: dict | N
     return verdict
 
 
-def _step_words(step: str, backend: str) -> str:
+def step_words(step: str, backend: str) -> str:
     """How a step ran, in words: eager, or torch.compile'd in a mode (tuner.baselines)."""
     backend = backend or "inductor"
     return {"compile": f"torch.compile ({backend})",
