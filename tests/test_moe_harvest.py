@@ -490,3 +490,14 @@ def test_topk_below_one_is_one_error_line(grouped_trace, capsys):
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
         "tuner: error: --topk must be an integer >= 1 (the model's num_experts_per_tok), got 0"]
+def test_harvest_cli_topk(grouped_trace, tmp_path, capsys):
+    from harvest_helpers import run_cli
+
+    rc, out, err = run_cli(capsys, grouped_trace, "--topk", "0", "-o", tmp_path / "t.parquet")
+    assert rc == 2 and err.strip().splitlines() == [
+        "tuner: error: --topk must be an integer >= 1 (the model's num_experts_per_tok), got 0"]
+    assert not (tmp_path / "t.parquet").exists()
+    rc, out, err = run_cli(capsys, grouped_trace, "--topk", "2", "-o", tmp_path / "t.parquet")
+    assert rc == 0 and "--topk 2: 12 aten::_grouped_mm call(s) read as 6 moe call(s)" in err
+    df = shapetable.read(tmp_path / "t.parquet")
+    assert sorted(df[df.family == "moe"].m) == [3, 15]

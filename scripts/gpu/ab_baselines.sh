@@ -8,7 +8,7 @@
 # SAVED="MODEL:BATCH:EXPORT_DIR ...": tuner ab of a saved export against every baseline in
 #   BASELINES (default max-autotune).
 # TUNE="MODEL:BATCH ...": the user's day against the first of BASELINES: trace the decode step as
-#   that baseline runs it, harvest (--kv-heads from the config), search the linears (gemv at
+#   that baseline runs it, harvest (--kv-heads, and --topk for a MoE, from the config), search the linears (gemv at
 #   batch <= 8, gemm above; SEARCH_S seconds, default 45) and the grouped decode attention
 #   (ATTN_S, default 30; 0 skips it), tuner rank --baseline (the kernel max-autotune picks for each
 #   shape; for attention the fastest SDPA on the grouped cache), export, then tuner ab against
@@ -72,7 +72,8 @@ for item in ${TUNE:-}; do
   rep=$(ls "$D"/trace/*/traces/baseline_replay.pt.trace.json 2>/dev/null | head -n 1)
   cap=$(ls "$D"/trace/*/traces/baseline_capture.pt.trace.json 2>/dev/null | head -n 1)
   stamp "$model b$batch: harvest"
-  timeout 120 python3 -m tuner.cli harvest "$rep" --capture "$cap" --kv-heads "$kv" \
+  topk=$(python3 -c "import json; k = json.load(open('$cfg')).get('num_experts_per_tok'); print(f'--topk {k}' if k else '')")
+  timeout 120 python3 -m tuner.cli harvest "$rep" --capture "$cap" --kv-heads "$kv" $topk \
     -o "$D/shapes.parquet" > "$D/harvest.log" 2>&1; tail -n 16 "$D/harvest.log" | tee -a "$LOG"
   for fam in $family attention; do
     secs=$SEARCH_S; [ "$fam" = attention ] && secs=$ATTN_S

@@ -7,7 +7,7 @@ import sys
 
 from ..errors import TunerError
 from ..units import parse_positive, parse_share, parse_threshold
-from .flags import device_flag, family_flag, kv_heads_flag, min_saving_flag
+from .flags import device_flag, family_flag, kv_heads_flag, min_saving_flag, topk_flag
 
 __all__ = ["_add_harvest", "cmd_harvest", "_add_device", "cmd_device", "_add_bench", "cmd_bench",
            "_add_budget", "cmd_budget", "_add_estimate", "cmd_estimate"]
@@ -65,6 +65,7 @@ def _add_harvest(sub) -> None:
                    help="the GPU's name when the trace does not say it (e.g. 'AMD Instinct "
                    "MI300X'); it picks the device profile in budget")
     kv_heads_flag(p)
+    topk_flag(p)
     p.add_argument("--watch", metavar="DIR",
                    help="keep harvesting new trace files written into DIR into one table at -o, "
                    "until Ctrl-C")
@@ -81,6 +82,7 @@ def cmd_harvest(args) -> int:
     from .. import harvest
 
     harvest.check_kv_heads(args.kv_heads)
+    harvest.check_topk(args.topk)
     modes = sum(bool(x) for x in (args.traces, args.live, args.watch))
     if modes != 1:
         raise TunerError("harvest needs exactly one of: TRACE..., --live MODULE:CALLABLE, "
@@ -98,14 +100,15 @@ def cmd_harvest(args) -> int:
         check_output_file(out, "-o")  # before any profiling
         result = harvest.live(args.live, args.steps, out, save_trace=args.save_trace,
                               phase=args.phase, quiet=True, graph=args.graph,
-                              device_name=args.device_name, kv_heads=args.kv_heads)
+                              device_name=args.device_name, kv_heads=args.kv_heads,
+                              topk=args.topk)
     elif args.watch:
         if args.kv_heads is not None:
             raise TunerError("--kv-heads goes with TRACE... or --live, not --watch")
         out = args.output or Path("shapes") / f"{Path(args.watch).resolve().name}.parquet"
         harvest.watching.check_interval(args.interval)  # watch checks -o before its first poll
         harvest.watch(args.watch, out, rank=args.rank, steps=args.steps, phase=args.phase,
-                      interval=args.interval, device_name=args.device_name)
+                      interval=args.interval, device_name=args.device_name, topk=args.topk)
         return 0
     else:
         files, captures = harvest.resolve_pairs(args.traces, args.rank, args.capture)
@@ -113,7 +116,7 @@ def cmd_harvest(args) -> int:
         check_output_file(out, "-o")  # before reading a trace
         result = harvest.harvest(files, out, rank=args.rank, steps=args.steps, phase=args.phase,
                                  quiet=True, capture=captures, device_name=args.device_name,
-                                 kv_heads=args.kv_heads)
+                                 kv_heads=args.kv_heads, topk=args.topk)
     harvest.report(result, top=args.top)
     return 0
 
