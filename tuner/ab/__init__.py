@@ -29,10 +29,9 @@ from ..hardware import have_gpu
 from ..report import write_ab_report
 from .child import run_child
 from .harness import check_spec
-from .verdict import step_words
 from .measure import ABSettings, compile_backend, step_baseline, tuned_step
 from .verdict import (EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, paired_moe_keys,
-                      summary_lines)
+                      step_words, summary_lines)
 
 __all__ = ["ABSettings", "ABVerdict", "AB_DIR", "check_phase", "default_baselines", "linear_floors",
            "moe_attribution_note", "plan_lines", "projected_savings", "run"]
