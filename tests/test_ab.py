@@ -534,6 +534,52 @@ def test_the_other_kernels_name_where_the_residual_went():
     assert abv.other_kernel_changes({"baseline": kernels["baseline"]}, attribution) == []
 
 
+# kernels max-autotune compiled for Llama-3.1-8B's decode step at batch 1 on an H200 (the names
+# a profiled A/B recorded): a residual add and RMSNorm fused into the q/k/v matmul's reduction,
+# SiLU·mul into the down projection's, a plain template, a norm alone, cuBLAS
+MAX_AUTOTUNE_B1 = {
+    "norm_mm": "triton_red_fused__to_copy__unsafe_view_add_arange_index_copy_mean_mm_mul_pow_"
+               "rsqrt_t_transpose_view_17",
+    "silu_mm": "triton_red_fused__unsafe_view_mm_mul_silu_t_view_9",
+    "mm": "triton_tem_fused_mm_t_view_8",
+    "norm": "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_12",
+    "cublas": "nvjet_sm90_tst_128x8_64x12_2x1_v_bz_splitK_TNT",
+}
+
+
+def test_the_neighbours_a_compiled_linear_fused_are_read_from_its_kernel_names():
+    from tuner.baselines import fused_neighbours
+
+    k = MAX_AUTOTUNE_B1
+    assert fused_neighbours([k["norm_mm"]]) == ["RMSNorm", "residual add"]
+    assert fused_neighbours([k["silu_mm"], k["mm"]]) == ["SiLU"]
+    # no matmul in it (the norm the tuned step runs alone), a plain template, cuBLAS: nothing
+    assert fused_neighbours([k["norm"], k["mm"], k["cublas"], "_gemv_kernel"]) == []
+
+
+def test_a_linear_whose_baseline_kernel_fused_its_norm_says_the_tuned_step_runs_it_apart():
+    k = MAX_AUTOTUNE_B1
+    row = {"op": "aten::mm", "family": "gemv", "phase": "decode", "m": 1, "n": 1024, "k": 4096,
+           "calls_per_step": 64.0, "step_us": 4800.0, "step_gpu_us": 4700.0}
+    base = [dict(row, us_per_call=6.3, kernels=k["norm_mm"]),
+            dict(row, n=4096, k=14336, us_per_call=31.0, kernels=k["silu_mm"])]
+    tuned = [dict(row, op="tuner::linear", us_per_call=3.9, kernels="_gemv_kernel"),
+             dict(row, op="aten::mm", n=4096, k=14336, us_per_call=30.0,
+                  kernels=k["cublas"])]
+    rows, _ = abv.attribution_rows({"baseline": base, "tuned": tuned}, {})
+    unfused = {r["shape"]: r["unfused"] for r in rows}
+    assert unfused == {"m=1,n=1024,k=4096": ["RMSNorm", "residual add"],
+                       "m=1,n=4096,k=14336": ["SiLU"]}
+    v = abv.decide(recorded(), label="x", tables={"baseline": base, "tuned": tuned})
+    line = next(l for l in abv.summary_lines(v) if l.startswith("  unfused"))
+    assert "m=1,n=1024,k=4096 (RMSNorm, residual add)" in line and "opaque" in line
+    md = abv.markdown(v)
+    assert "Unfused: The baseline's kernels of " in md and "(RMSNorm, residual add)" in md
+    # the same kernels in both arms: nothing unfused, no line
+    same, _ = abv.attribution_rows({"baseline": base, "tuned": base}, {})
+    assert all(r["unfused"] == [] for r in same)
+
+
 def test_kernel_totals_are_per_step_of_a_real_trace(shared_traces):
     from tuner.harvest import kernel_totals
 

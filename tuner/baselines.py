@@ -29,14 +29,15 @@ is not installed the A/B says so.
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from dataclasses import dataclass
 
 from .errors import TunerError, one_line
 
 __all__ = ["BASELINES", "COMPILE_MODES", "SDPAForm", "check_baseline", "compile_step",
-           "fastest_sdpa_form", "grouped_sdpa", "grouped_sdpa_op", "parse_baselines",
-           "sdpa_forms", "strongest_available"]
+           "fastest_sdpa_form", "fused_neighbours", "grouped_sdpa", "grouped_sdpa_op",
+           "parse_baselines", "sdpa_forms", "strongest_available"]
 
 BASELINES = ("eager", "compile", "max-autotune")
 # torch.compile's mode per baseline (None: not compiled)
@@ -87,6 +88,32 @@ def compile_step(fn, baseline: str, backend: str = "inductor"):
 
     options = {"mode": mode} if backend == "inductor" else {}
     return torch.compile(fn, backend=backend, dynamic=False, **options)
+
+
+# An Inductor kernel's name lists the aten ops it fused ("triton_red_fused__to_copy__unsafe_view_
+# add_mean_mm_mul_pow_rsqrt_t_view_18": a residual add and an RMSNorm fused with the linear's
+# mm). A linear's neighbour op -> its name in words, in the order they are reported.
+FUSED_NEIGHBOURS = (("rsqrt", "RMSNorm"), ("add", "residual add"), ("silu", "SiLU"),
+                    ("cos", "rotary"), ("sin", "rotary"), ("embedding", "embedding"))
+_FUSED_NAME = re.compile(r"^triton_(?:poi|per|red|tem|for|spl|unk)_fused_(.*?)(?:_\d+)?$")
+
+
+def fused_neighbours(kernels) -> list[str]:
+    """What the compiled step computes inside its linears' kernels besides the matmul: the
+    FUSED_NEIGHBOURS words of every Inductor kernel among `kernels` whose fused ops include the
+    matmul (`mm`), e.g. ['RMSNorm', 'residual add'] for max-autotune's batch-1 reduction that
+    normalises the hidden state and multiplies it by the weight in one kernel. An exported linear
+    is an opaque op to Inductor: these run as kernels of their own beside it."""
+    ops: set = set()
+    for name in kernels:
+        m = _FUSED_NAME.match(str(name))
+        if m and "mm" in m.group(1).split("_"):
+            ops.update(m.group(1).split("_"))
+    words: list[str] = []
+    for op, word in FUSED_NEIGHBOURS:
+        if op in ops and word not in words:
+            words.append(word)
+    return words
 
 
 # ------------------------------------------------------------------- grouped decode attention

@@ -279,6 +279,7 @@ def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,
             "tuned_us": tuned["us_per_step"] if tuned else math.nan,
             "baseline_kernels": sorted(base["kernels"]) if base else [],
             "tuned_kernels": sorted(tuned["kernels"]) if tuned else [],
+            "unfused": _unfused(base, tuned),
             "measured_saving_us": measured, "projected_saving_us": proj,
             "floor_us": (floors or {}).get(key, math.nan)})
     rows.sort(key=lambda r: -(r["baseline_us"] if math.isfinite(r["baseline_us"]) else 0.0))
@@ -294,6 +295,29 @@ def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,
             "baseline_gpu_busy_us": b["busy_us"], "tuned_gpu_busy_us": t["busy_us"],
             "baseline_step_us": wall_b, "tuned_step_us": wall_t}
     return rows, residual
+
+
+def _unfused(base: dict | None, tuned: dict | None) -> list[str]:
+    """What the baseline step's kernels of a linear shape computed besides its matmul and the
+    tuned step's do not (tuner.baselines.fused_neighbours): work the tuned step runs elsewhere."""
+    from ..baselines import fused_neighbours
+
+    if not base or not tuned:
+        return []
+    kept = fused_neighbours(tuned["kernels"])
+    return [w for w in fused_neighbours(base["kernels"]) if w not in kept]
+
+
+def unfused_line(v: "ABVerdict") -> str:
+    """One sentence on the linears whose baseline kernels fused neighbours the tuned step runs
+    apart (the attribution's 'unfused'), or ''."""
+    parts = [f"{r['shape']} ({', '.join(r['unfused'])})" for r in v.attribution
+             if r.get("unfused")]
+    if not parts:
+        return ""
+    return ("the baseline's kernels of " + "; ".join(parts) + " also computed that work, which "
+            "the tuned step runs in kernels of its own (an exported linear is opaque to the "
+            "compiler): it is among the other kernels, and no per-shape projection counts it")
 
 
 OTHER_KERNELS_SHOWN = 8
@@ -444,6 +468,9 @@ def summary_lines(v: ABVerdict) -> list[str]:
                    f"{_f(row['baseline_us'], '8.1f')} tuned {_f(row['tuned_us'], '8.1f')} us/step, "
                    f"saved {_f(row['measured_saving_us'], '7.1f')} (projected "
                    f"{_f(row['projected_saving_us'], '.1f')})")
+    unfused = unfused_line(v)
+    if unfused:
+        out.append(f"  unfused  {unfused}")
     if v.residual:
         r = v.residual
         out.append(f"  residual attributed shapes {_f(r['attributed_kernels_us'], '.1f')} us, other "
@@ -520,6 +547,9 @@ def markdown(v: ABVerdict) -> str:
                      f"kernels {_f(r['other_kernels_us'], '.1f')} µs, idle / launch gaps "
                      f"{_f(r['idle_and_launch_gaps_us'], '.1f')} µs.")
         lines.append("")
+    unfused = unfused_line(v)
+    if unfused:
+        lines += [f"Unfused: {unfused[0].upper()}{unfused[1:]}.", ""]
     if v.other_kernels:
         lines += ["Other kernels, the largest changes:", "",
                   "| kernel | baseline µs | tuned µs | change µs | launches (baseline → tuned) |",
