@@ -292,7 +292,10 @@ def test_the_tuned_arm_can_run_its_own_step_beside_an_eager_baseline(export_dir,
 def test_a_wrong_tuned_step_is_one_line(capsys):
     assert main(["ab", TINY, "--tuned-step", "fast"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("tuner: error:") and "unknown baseline 'fast'" in err
+    assert err.startswith("tuner: error:") and "--tuned-step 'fast': choose from" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["ab", TINY, "--tuned-step", "compile", "--trace-only"]) == 2
+    assert "--tuned-step does not apply" in capsys.readouterr().err
 
 
 def test_a_crashing_arm_is_reported_with_its_stage(tmp_path, monkeypatch):
@@ -538,8 +541,12 @@ def test_the_other_kernels_name_where_the_residual_went():
 # a profiled A/B recorded): a residual add and RMSNorm fused into the q/k/v matmul's reduction,
 # SiLU·mul into the down projection's, a plain template, a norm alone, cuBLAS
 MAX_AUTOTUNE_B1 = {
-    "norm_mm": "triton_red_fused__to_copy__unsafe_view_add_arange_index_copy_mean_mm_mul_pow_"
+    "norm_mm": "triton_red_fused__to_copy__unsafe_view_add_mean_mm_mul_pow_rsqrt_18",
+    # the k/v projection with the cache position (arange, index_copy): its add is no residual's
+    "norm_kv": "triton_red_fused__to_copy__unsafe_view_add_arange_index_copy_mean_mm_mul_pow_"
                "rsqrt_t_transpose_view_17",
+    "rotary_mm": "triton_poi_fused__to_copy__unsafe_view_add_arange_bmm_cat_cos_expand_index_copy_"
+                 "mm_mul_neg_sin_slice_transpose_unsqueeze_view_4",
     "silu_mm": "triton_red_fused__unsafe_view_mm_mul_silu_t_view_9",
     "mm": "triton_tem_fused_mm_t_view_8",
     "norm": "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_12",
@@ -552,7 +559,16 @@ def test_the_neighbours_a_compiled_linear_fused_are_read_from_its_kernel_names()
 
     k = MAX_AUTOTUNE_B1
     assert fused_neighbours([k["norm_mm"]]) == ["RMSNorm", "residual add"]
+    assert fused_neighbours([k["norm_kv"]]) == ["RMSNorm"]
+    assert fused_neighbours([k["rotary_mm"]]) == ["rotary"]
     assert fused_neighbours([k["silu_mm"], k["mm"]]) == ["SiLU"]
+    # a linear with a bias is an addmm; a LayerNorm subtracts its mean
+    assert fused_neighbours(["triton_tem_fused_addmm_mean_mul_pow_rsqrt_3"]) == ["RMSNorm"]
+    assert fused_neighbours(["triton_red_fused_addmm_native_layer_norm_rsqrt_sub_var_mean_2"]) \
+        == ["LayerNorm"]
+    # a grouped matmul (MoE) or a batched one (attention) is no linear's mm
+    assert fused_neighbours(["triton_tem_fused__grouped_mm_mul_silu_1",
+                             "triton_poi_fused_bmm_cos_sin_2"]) == []
     # no matmul in it (the norm the tuned step runs alone), a plain template, cuBLAS: nothing
     assert fused_neighbours([k["norm"], k["mm"], k["cublas"], "_gemv_kernel"]) == []
 

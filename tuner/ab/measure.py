@@ -159,7 +159,7 @@ class _Arm:
     def __init__(self, name: str, harness, gpu: bool, serve=None, decode=None):
         self.name = name
         self.harness = harness
-        self.decode = decode or harness.decode
+        self.decode = decode if decode is not None else harness.decode
         self.gpu = gpu
         self.serve = serve or contextlib.nullcontext
         self.graph = None

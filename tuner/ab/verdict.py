@@ -279,7 +279,7 @@ def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,
             "tuned_us": tuned["us_per_step"] if tuned else math.nan,
             "baseline_kernels": sorted(base["kernels"]) if base else [],
             "tuned_kernels": sorted(tuned["kernels"]) if tuned else [],
-            "unfused": _unfused(base, tuned),
+            "unfused": _unfused(base, tuned) if key.startswith("m=") else [],
             "measured_saving_us": measured, "projected_saving_us": proj,
             "floor_us": (floors or {}).get(key, math.nan)})
     rows.sort(key=lambda r: -(r["baseline_us"] if math.isfinite(r["baseline_us"]) else 0.0))
@@ -298,7 +298,8 @@ def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,
 
 
 def _unfused(base: dict | None, tuned: dict | None) -> list[str]:
-    """What the baseline step's kernels of a linear shape computed besides its matmul and the
+    """What the baseline step's kernels of a linear shape ('m=..,n=..,k=..' rows only: not
+    attention or MoE) computed besides its matmul and the
     tuned step's do not (tuner.baselines.fused_neighbours): work the tuned step runs elsewhere."""
     from ..baselines import fused_neighbours
 

@@ -123,9 +123,15 @@ def cmd_ab(args) -> int:
         baselines = ["compile"]
     tuned = ""
     if args.tuned_step:
-        from ..baselines import check_baseline
+        from ..baselines import BASELINES
 
-        tuned = check_baseline(args.tuned_step)
+        if args.tuned_step not in BASELINES:
+            raise TunerError(f"--tuned-step {args.tuned_step!r}: choose from "
+                             f"{', '.join(BASELINES)}")
+        if args.trace_only:
+            raise TunerError("--trace-only traces the baseline step alone: --tuned-step does "
+                             "not apply")
+        tuned = args.tuned_step
     settings = ab.ABSettings(prompt=args.prompt, steps=args.steps, groups=args.groups,
                              replays=args.replays, export_dir=args.export, families=families,
                              reference=not args.no_reference, profile=not args.no_profile,
