@@ -422,6 +422,20 @@ def test_an_ab_directory_gets_its_own_report(tmp_path):
     assert page.headings[0] == ("h1", "tuner report: TinyDecode-b2-eager")
 
 
+def test_an_ab_with_its_own_tuned_step_names_both_steps_in_its_report(tmp_path):
+    settings = ab.ABSettings(prompt=4, steps=2, groups=2, replays=1, device="cpu",
+                             families=("gemv",), profile=False, compile="aot_eager",
+                             tuned_step="compile")
+    ab.run(("callable", TINY), batches=[2], settings=settings, baselines=["eager"],
+           out_root=tmp_path, out=lambda line: None)
+    directory = tmp_path / "TinyDecode-b2-eager-tuned-compile"
+    record = json.loads((directory / "ab.json").read_text())
+    assert record["baseline"] == "eager" and record["tuned_step"] == "compile"
+    html_text = (directory / "report.html").read_text()
+    assert ("Baseline eager: the step eager; the tuned arm: the export under torch.compile "
+            "(aot_eager).") in html_text
+
+
 def test_a_crashed_ab_given_with_ab_is_its_reason(recorded, tmp_path):
     from tuner.ab import verdict as abv
 

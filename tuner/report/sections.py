@@ -331,6 +331,12 @@ def _ab_block(path, ab: dict, charts_ok: bool, verdicts=None) -> str:
     if ab.get("crashed"):
         return head + note("crashed", ab["crashed"])
     parts = [head]
+    if ab.get("step_mode"):
+        tuned = ab.get("tuned_step_mode") if ab.get("tuned_step") not in (None, ab.get(
+            "baseline")) else ""
+        parts.append(f"<p>Baseline {esc(ab.get('baseline'))}: the step {esc(ab['step_mode'])}"
+                     + (f"; the tuned arm: the export under {esc(tuned)}" if tuned else "")
+                     + ".</p>")
     if ab.get("reasons"):
         parts.append(note("why it failed", "; ".join(ab["reasons"])))
     if ab.get("arms"):
@@ -357,11 +363,12 @@ def _ab_block(path, ab: dict, charts_ok: bool, verdicts=None) -> str:
     if ab.get("attribution"):
         parts.append(table(
             ["shape", "calls/step", "baseline µs", "tuned µs", "saved µs", "projected µs",
-             "kernels (baseline → tuned)"],
+             "kernels (baseline → tuned)", "fused in the baseline's kernels, not the tuned"],
             [[r["shape"], num(r["calls_per_step"], "g"), num(r["baseline_us"], ".1f"),
               num(r["tuned_us"], ".1f"), num(r["measured_saving_us"], ".1f"),
               num(r["projected_saving_us"], ".1f"),
-              f"{len(r.get('baseline_kernels') or [])} → {len(r.get('tuned_kernels') or [])}"]
+              f"{len(r.get('baseline_kernels') or [])} → {len(r.get('tuned_kernels') or [])}",
+              ", ".join(str(w) for w in r.get("unfused") or [])]
              for r in ab["attribution"]], numeric={1, 2, 3, 4, 5}))
     residual = ab.get("residual") or {}
     if residual:
@@ -369,6 +376,14 @@ def _ab_block(path, ab: dict, charts_ok: bool, verdicts=None) -> str:
                      f"{num(residual.get('attributed_kernels_us'), '.1f')} µs, "
                      f"other kernels {num(residual.get('other_kernels_us'), '.1f')} µs, idle / "
                      f"launch gaps {num(residual.get('idle_and_launch_gaps_us'), '.1f')} µs.</p>")
+    others = [k for k in ab.get("other_kernels") or [] if isinstance(k, dict)]
+    if others:
+        parts.append("<p>Other kernels, the largest changes:</p>" + table(
+            ["kernel", "baseline µs", "tuned µs", "change µs", "launches (baseline → tuned)"],
+            [[str(k.get("kernel"))[:110], num(k.get("baseline_us"), ".1f"),
+              num(k.get("tuned_us"), ".1f"), num(k.get("change_us"), "+.1f"),
+              f"{num(k.get('baseline_launches'), 'g')} → {num(k.get('tuned_launches'), 'g')}"]
+             for k in others], numeric={1, 2, 3}))
     outputs = ab.get("outputs") or {}
     tf, fr = outputs.get("teacher_forced") or {}, outputs.get("free_running") or {}
     if tf:
