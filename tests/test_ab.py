@@ -324,6 +324,18 @@ def test_ab_usage_errors_are_one_line(capsys):
     assert "--batch wants" in capsys.readouterr().err
 
 
+def test_a_max_autotune_figure_is_said_to_be_one_draw_of_the_compile():
+    data = recorded()
+    v = abv.decide(data, label="x")
+    assert v.baseline == "eager" and abv.draw_note(v) == ""
+    assert not any(line.startswith("  note") for line in abv.summary_lines(v))
+    for baseline, tuned in (("max-autotune", None), ("eager", "max-autotune")):
+        v = abv.decide(dict(data, baseline=baseline, tuned_step=tuned or baseline), label="x")
+        (line,) = [l for l in abv.summary_lines(v) if l.startswith("  note")]
+        assert "one draw of the compile" in line and "A/A margin does not cover" in line
+        assert "Note: Max-autotune picks its kernels" in abv.markdown(v)
+
+
 def test_the_verdict_json_has_no_nan():
     v = abv.decide(recorded(), label="x")
     text = json.dumps(v.to_json())

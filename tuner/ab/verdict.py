@@ -483,9 +483,24 @@ def summary_lines(v: ABVerdict) -> list[str]:
         for k in v.other_kernels:
             out.append(f"    {k['change_us']:+8.1f}  {k['baseline_launches']:g} -> "
                        f"{k['tuned_launches']:g}  {_short(k['kernel'])}")
+    draw = draw_note(v)
+    if draw:
+        out.append(f"  note     {draw}")
     verdict = "PASS (exit 0)" if v.exit_code == EXIT_PASS else "FAIL (exit 3)"
     out.append(f"  verdict: {verdict}" + (": " + "; ".join(v.reasons) if v.reasons else ""))
     return out
+
+
+def draw_note(v: ABVerdict) -> str:
+    """Where a max-autotune compile is in the A/B: its kernels were picked by timing them at
+    compile time, so another process may compile the same step to other kernels (the A/A arm
+    shares the baseline's compile and cannot show it); '' otherwise."""
+    if "max-autotune" not in (v.baseline, v.tuned_step):
+        return ""
+    return ("max-autotune picks its kernels by timing them while it compiles: this figure is one "
+            "draw of the compile, which the A/A margin does not cover; repeat it in a fresh "
+            "process (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 for a new draw) before quoting it "
+            "(docs/ab.md)")
 
 
 def _projection_note(v: ABVerdict) -> str:
@@ -561,6 +576,9 @@ def markdown(v: ABVerdict) -> str:
                          f"{k['change_us']:+.1f} | {k['baseline_launches']:g} → "
                          f"{k['tuned_launches']:g} |")
         lines.append("")
+    draw = draw_note(v)
+    if draw:
+        lines += [f"Note: {draw[0].upper()}{draw[1:]}.", ""]
     verdict = "PASS (exit 0)" if v.exit_code == EXIT_PASS else "FAIL (exit 3)"
     lines.append(f"Verdict: {verdict}" + (": " + "; ".join(v.reasons) if v.reasons else ""))
     return "\n".join(lines) + "\n"
