@@ -326,7 +326,7 @@ import fnmatch  # noqa: E402  (the naming rule's imports, kept with it)
 import re  # noqa: E402
 import subprocess  # noqa: E402
 
-# The word for a working session, a device call or an issue followed by its number (or "#" and a
+# A period of work, a run on the GPU machine or an issue named by its number (or "#" and a
 # number; a decimal time after the word for a call passes) says when or why a thing was made;
 # the tracked files outside benchmarks/logs/ say what it is. A token that names a file or folder
 # under benchmarks/logs/ is an address and passes.
@@ -381,7 +381,8 @@ def _is_colour(match: re.Match, line: str) -> bool:
 
 
 def when_made_names(files: list[str]) -> list[str]:
-    """'path:line: match | line' for every name of a session, call or issue outside the logs."""
+    """'path:line: match | line' for every numbered name of when a thing was made, outside the
+    logs."""
     log_names = _names_under_logs(files)
     found = []
     for name in files:
@@ -403,12 +404,12 @@ def when_made_names(files: list[str]) -> list[str]:
 
 def test_no_tracked_file_outside_the_logs_names_a_session_a_call_or_an_issue():
     """README, BENCHMARKS, docs, code, tests and scripts say what a thing is, not when it was made:
-    no working session, device call or issue number outside benchmarks/logs/ (whose files are the
+    no numbered period of work, GPU run or issue outside benchmarks/logs/ (whose files are the
     dated record). Rewrite a flagged sentence to say what the thing is or does."""
     files = _tracked_files()
     assert len(files) > 100, files  # the checkout itself, not an empty listing
     found = when_made_names(files)
-    assert not found, (f"{len(found)} names of a session, call or issue outside {LOGS}:\n"
+    assert not found, (f"{len(found)} numbered names of when a thing was made outside {LOGS}:\n"
                        + "\n".join(found))
 
 
@@ -417,12 +418,12 @@ def test_the_naming_rule_sees_what_it_should():
     def flagged(line: str) -> bool:
         return any(not (m.group(0).startswith("#") and _is_colour(m, line))
                    for m in WHEN_MADE.finditer(line))
-    number = "1" + "7"  # spelled apart so this file names no session itself
+    number = "1" + "7"  # spelled apart so this file names none itself
     for line in (f"measured in session {number}", f"see session{number}.sh", f"(call {number[1]})",
                  f"calls {number[0]}-2", f"issue {number}", f"fixes #{number}", f"Issue-{number}"):
         assert flagged(line), line
     for line in ("a saving per call 4.80 us", "48 calls per step", 'color="#333"',
-                 "ProfilerStep#3", "the session's device time", "call the baseline"):
+                 "ProfilerStep#3", "a pytest session's fixture", "call the baseline"):
         assert not flagged(line), line
     assert _is_log_address("benchmarks/logs/2026-12-01/run7/ab.md", {"run7"})
     assert _is_log_address("run7_*", {"run7_ab.md"})
