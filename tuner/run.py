@@ -234,9 +234,8 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
     replace the GPU timing, for tests of the whole pipeline on a CPU."""
     from . import budget as budget_mod
     from . import search, shapetable
-    from .runtime import EXPORT_ROOT
-
     from .harvest import check_topk
+    from .runtime import EXPORT_ROOT
 
     timeout_s = parse_duration(timeout)
     check_topk(topk)

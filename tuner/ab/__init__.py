@@ -385,7 +385,7 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
         f"-tuned-{own}" if own != baseline else "")
     directory = Path(out_root) / run_label
     s.out_dir = str(directory)
-    s.compile = compile_backend(s) or ((settings.compile or "inductor") if own != "eager" else "")
+    s.compile = compile_backend(s) or compile_backend(s, own)
     info(f"tuner ab {run_label}: {plan_lines(spec, [batch], s)[0]}")
     child = run_child(spec, s, directory, timeout_s, echo=lambda line: info(f"  .. {line}"))
     if child.usage_error:

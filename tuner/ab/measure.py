@@ -105,9 +105,11 @@ def step_baseline(settings: ABSettings) -> str:
     return check_baseline(settings.baseline or ("compile" if settings.compile else "eager"))
 
 
-def compile_backend(settings: ABSettings) -> str:
-    """The torch.compile backend of a compiled baseline ('' for the eager one)."""
-    return "" if step_baseline(settings) == "eager" else (settings.compile or "inductor")
+def compile_backend(settings: ABSettings, step: str = "") -> str:
+    """The torch.compile backend of a compiled step ('' for an eager one): of `step`
+    (tuner.baselines.BASELINES), else of the settings' baseline."""
+    step = step or step_baseline(settings)
+    return "" if step == "eager" else (settings.compile or "inductor")
 
 
 def tuned_step(settings: ABSettings) -> str:
@@ -126,7 +128,7 @@ def tuned_decode(decode, settings: ABSettings):
     mode = tuned_step(settings)
     if mode == step_baseline(settings):
         return None
-    return compile_step(decode, mode, settings.compile or "inductor")
+    return compile_step(decode, mode, compile_backend(settings, mode) or "inductor")
 
 
 def compile_decode(harness, settings: ABSettings) -> None:
@@ -403,13 +405,12 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
     arms = [_Arm(name, harness, gpu, {"tuned": serve, CONTEXT_ARM: transformers_own}.get(name),
                  own_step if name == "tuned" else None)
             for name in names]
-    backend = compile_backend(settings)
     with torch.no_grad(), (transformers_attention(grouped) if form is not None
                            else contextlib.nullcontext()):
         harness.prefill()
         for arm in arms:
             mode = result["tuned_step"] if arm.name == "tuned" else result["baseline"]
-            arm_backend = (settings.compile or "inductor") if mode != "eager" else ""
+            arm_backend = compile_backend(settings, mode)
             progress(f"capture: {arm.name} arm" + (f" ({mode}, torch.compile "
                                                      f"{arm_backend}: the warm-up compiles)"
                                                      if arm_backend else ""))

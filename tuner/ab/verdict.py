@@ -491,6 +491,11 @@ def summary_lines(v: ABVerdict) -> list[str]:
     return out
 
 
+def _sentence(text: str) -> str:
+    """A summary clause as a sentence of ab.md: capital first letter, full stop."""
+    return f"{text[0].upper()}{text[1:]}."
+
+
 def draw_note(v: ABVerdict) -> str:
     """Where a max-autotune compile is in the A/B: its kernels were picked by timing them at
     compile time, so another process may compile the same step to other kernels (the A/A arm
@@ -565,7 +570,7 @@ def markdown(v: ABVerdict) -> str:
         lines.append("")
     unfused = unfused_line(v)
     if unfused:
-        lines += [f"Unfused: {unfused[0].upper()}{unfused[1:]}.", ""]
+        lines += [f"Unfused: {_sentence(unfused)}", ""]
     if v.other_kernels:
         lines += ["Other kernels, the largest changes:", "",
                   "| kernel | baseline µs | tuned µs | change µs | launches (baseline → tuned) |",
@@ -578,7 +583,7 @@ def markdown(v: ABVerdict) -> str:
         lines.append("")
     draw = draw_note(v)
     if draw:
-        lines += [f"Note: {draw[0].upper()}{draw[1:]}.", ""]
+        lines += [f"Note: {_sentence(draw)}", ""]
     verdict = "PASS (exit 0)" if v.exit_code == EXIT_PASS else "FAIL (exit 3)"
     lines.append(f"Verdict: {verdict}" + (": " + "; ".join(v.reasons) if v.reasons else ""))
     return "\n".join(lines) + "\n"
