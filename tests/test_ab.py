@@ -567,7 +567,7 @@ MAX_AUTOTUNE_B1 = {
 
 
 def test_the_neighbours_a_compiled_linear_fused_are_read_from_its_kernel_names():
-    from tuner.baselines import fused_neighbours
+    from tuner.harvest import fused_neighbours
 
     k = MAX_AUTOTUNE_B1
     assert fused_neighbours([k["norm_mm"]]) == ["RMSNorm", "residual add"]

@@ -29,14 +29,13 @@ is not installed the A/B says so.
 from __future__ import annotations
 
 import math
-import re
 import warnings
 from dataclasses import dataclass
 
 from .errors import TunerError, one_line
 
 __all__ = ["BASELINES", "COMPILE_MODES", "SDPAForm", "check_baseline", "compile_step",
-           "fastest_sdpa_form", "fused_neighbours", "grouped_sdpa", "grouped_sdpa_op",
+           "fastest_sdpa_form", "grouped_sdpa", "grouped_sdpa_op",
            "parse_baselines", "sdpa_forms", "strongest_available"]
 
 BASELINES = ("eager", "compile", "max-autotune")
@@ -88,48 +87,6 @@ def compile_step(fn, baseline: str, backend: str = "inductor"):
 
     options = {"mode": mode} if backend == "inductor" else {}
     return torch.compile(fn, backend=backend, dynamic=False, **options)
-
-
-# An Inductor kernel's name lists the aten ops it fused ("triton_red_fused__to_copy__unsafe_view_
-# add_mean_mm_mul_pow_rsqrt_18": a residual add and an RMSNorm fused with the linear's mm). The
-# words fused_neighbours reports, in this order.
-FUSED_WORDS = ("RMSNorm", "LayerNorm", "residual add", "SiLU", "rotary", "embedding")
-_FUSED_NAME = re.compile(r"^triton_(?:poi|per|red|tem|for|spl|unk)_fused_(.*?)(?:_\d+)?$")
-# an add among these is a position's, rotary's or a scatter's, not the residual stream's
-_NOT_RESIDUAL = frozenset({"arange", "index", "scatter", "cat", "neg", "cos", "sin"})
-
-
-def _kernel_neighbours(ops: set) -> set:
-    words = set()
-    if "rsqrt" in ops:
-        words.add("LayerNorm" if ops & {"sub", "var"} else "RMSNorm")
-    if "add" in ops and not ops & _NOT_RESIDUAL:
-        words.add("residual add")
-    if "silu" in ops:
-        words.add("SiLU")
-    if ops & {"cos", "sin"}:
-        words.add("rotary")
-    if "embedding" in ops:
-        words.add("embedding")
-    return words
-
-
-def fused_neighbours(kernels) -> list[str]:
-    """What a compiled step computes inside its linears' kernels besides the matmul: the
-    FUSED_WORDS of every Inductor kernel among `kernels` whose fused ops include a linear's
-    matmul (`mm`, `addmm` with a bias), e.g. ['RMSNorm', 'residual add'] for max-autotune's
-    batch-1 reduction that normalises the hidden state and multiplies it by the weight in one
-    kernel. An exported linear is an opaque op to Inductor: these run as kernels of their own
-    beside it. Read from names only: a norm is told by its rsqrt (LayerNorm where it also
-    subtracts the mean), an add is the residual's unless the kernel also makes positions,
-    rotary or a scatter."""
-    words: set = set()
-    for name in kernels:
-        m = _FUSED_NAME.match(str(name))
-        ops = set(m.group(1).split("_")) if m else set()
-        if ops & {"mm", "addmm"} and "grouped_mm" not in m.group(1):  # MoE's is no linear
-            words |= _kernel_neighbours(ops)
-    return [w for w in FUSED_WORDS if w in words]
 
 
 # ------------------------------------------------------------------- grouped decode attention

@@ -300,8 +300,8 @@ def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,
 def _unfused(base: dict | None, tuned: dict | None) -> list[str]:
     """What the baseline step's kernels of a linear shape ('m=..,n=..,k=..' rows only: not
     attention or MoE) computed besides its matmul and the
-    tuned step's do not (tuner.baselines.fused_neighbours): work the tuned step runs elsewhere."""
-    from ..baselines import fused_neighbours
+    tuned step's do not (tuner.harvest.fused_neighbours): work the tuned step runs elsewhere."""
+    from ..harvest import fused_neighbours
 
     if not base or not tuned:
         return []

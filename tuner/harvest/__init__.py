@@ -27,13 +27,13 @@ from .profiling import live, load_callable
 from .records import Call, Op, Step, TraceData, union_length
 from .shapes import attention_shape, gemm_shape
 from .table import KEY_FIELDS, aggregate
-from .trace import kernel_totals, read_trace
+from .trace import fused_neighbours, kernel_totals, read_trace
 from .watching import watch
 
 __all__ = [
     "harvest", "HarvestResult", "check_kv_heads", "check_topk", "report", "summarize",
     "format_table",
-    "read_trace", "kernel_totals", "TraceData", "aggregate", "KEY_FIELDS",
+    "read_trace", "kernel_totals", "fused_neighbours", "TraceData", "aggregate", "KEY_FIELDS",
     "resolve_inputs", "resolve_pairs", "CAPTURE_DIR", "default_output", "trace_rank",
     "is_trace_file", "read_captures",
     "live", "load_callable", "watch",

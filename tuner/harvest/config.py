@@ -12,7 +12,7 @@ __all__ = [
     "Dialect", "KINETO", "KINETO_2021", "DIALECTS", "CATEGORY_KINDS",
     "GEMM_CORE", "GEMM_WRAPPERS", "GEMM_OPS", "LINEAR_OPS", "ATTN_BHLD", "ATTN_BLHD",
     "ATTN_NAME_RE", "MOE_OPS", "MOE_PARTS", "MOE_TOPK_OPS", "MOE_PACKED_VIEW", "GROUPED_MM_OP",
-    "INDUCTOR_KERNEL_RE", "INDUCTOR_GEMM_RE", "INDUCTOR_GEMM_OP", "COMPILED_REGION_PREFIX",
+    "INDUCTOR_KERNEL_RE", "INDUCTOR_FUSED_RE", "INDUCTOR_GEMM_RE", "INDUCTOR_GEMM_OP", "COMPILED_REGION_PREFIX",
     "StepMarker", "STEP_MARKERS", "PHASE_WORDS", "ANNOTATION_PREFIXES",
     "DTYPES", "TRACE_SUFFIXES", "RANK_RE", "GPU_NAME_RE", "LAUNCH_BOUND", "UNATTRIBUTED_WARN",
 ]
@@ -137,7 +137,12 @@ GROUPED_MM_OP = "aten::_grouped_mm"
 # and the name lists the ops it fused: "triton_poi_fused__scaled_dot_product_cudnn_attention_
 # _to_copy_..._rsqrt..." is a fused elementwise kernel (rotary, norm, casts) next to an attention
 # call, not one. They are never a GEMM or attention call (their time counts as other kernels).
-INDUCTOR_KERNEL_RE = re.compile(r"^triton_(?:poi|per|red|tem|for|spl|unk)_|^cpp_fused_")
+INDUCTOR_TRITON_PREFIX = r"^triton_(?:poi|per|red|tem|for|spl|unk)_"
+INDUCTOR_KERNEL_RE = re.compile(INDUCTOR_TRITON_PREFIX + r"|^cpp_fused_")
+# The ops one of them fused, as the name lists them ("_to_copy__unsafe_view_add_mean_mm_mul_pow_
+# rsqrt" of "triton_red_fused__to_copy__unsafe_view_add_mean_mm_mul_pow_rsqrt_18"):
+# trace.fused_neighbours reads what a compiled linear's kernel computed besides its matmul.
+INDUCTOR_FUSED_RE = re.compile(INDUCTOR_TRITON_PREFIX + r"fused_(.*?)(?:_\d+)?$")
 # Except Inductor's Triton GEMM templates (max-autotune's picks: "triton_tem_fused_mm_t_view_3",
 # "triton_tem_fused__unsafe_view_mm_mul_silu_t_view_10", a norm or activation fused in): each is
 # one linear call, its args the input [..., k] (any view), the weight [n, k] and the output

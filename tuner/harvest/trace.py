@@ -21,7 +21,7 @@ from .records import RawTrace, Step, TraceData
 from .shapes import complete_decode_attention, split_linears
 from .steps import classify_steps, step_of, steps_from_markers, whole_trace_steps
 
-__all__ = ["read_trace"]
+__all__ = ["fused_neighbours", "kernel_totals", "read_trace"]
 
 
 @contextlib.contextmanager
@@ -297,3 +297,43 @@ def kernel_totals(path) -> tuple[dict, int]:
         us, count = totals.get(name, (0.0, 0))
         totals[name] = (us + float(dur), count + 1)
     return {name: (us / steps, count / steps) for name, (us, count) in totals.items()}, steps
+
+
+# The words fused_neighbours reports, in this order (config.INDUCTOR_FUSED_RE: the ops an
+# Inductor kernel fused, e.g. a residual add and an RMSNorm with a linear's mm).
+FUSED_WORDS = ("RMSNorm", "LayerNorm", "residual add", "SiLU", "rotary", "embedding")
+# an add among these is a position's, rotary's or a scatter's, not the residual stream's
+_NOT_RESIDUAL = frozenset({"arange", "index", "scatter", "cat", "neg", "cos", "sin"})
+
+
+def _kernel_neighbours(ops: set) -> set:
+    words = set()
+    if "rsqrt" in ops:
+        words.add("LayerNorm" if ops & {"sub", "var"} else "RMSNorm")
+    if "add" in ops and not ops & _NOT_RESIDUAL:
+        words.add("residual add")
+    if "silu" in ops:
+        words.add("SiLU")
+    if ops & {"cos", "sin"}:
+        words.add("rotary")
+    if "embedding" in ops:
+        words.add("embedding")
+    return words
+
+
+def fused_neighbours(kernels) -> list[str]:
+    """What a compiled step computes inside its linears' kernels besides the matmul: the
+    FUSED_WORDS of every Inductor kernel among `kernels` whose fused ops include a linear's
+    matmul (`mm`, `addmm` with a bias), e.g. ['RMSNorm', 'residual add'] for max-autotune's
+    batch-1 reduction that normalises the hidden state and multiplies it by the weight in one
+    kernel. An exported linear is an opaque op to Inductor: these run as kernels of their own
+    beside it. Read from names only: a norm is told by its rsqrt (LayerNorm where it also
+    subtracts the mean), an add is the residual's unless the kernel also makes positions,
+    rotary or a scatter."""
+    words: set = set()
+    for name in kernels:
+        m = config.INDUCTOR_FUSED_RE.match(str(name))
+        ops = set(m.group(1).split("_")) if m else set()
+        if ops & {"mm", "addmm"} and "grouped_mm" not in m.group(1):  # MoE's is no linear
+            words |= _kernel_neighbours(ops)
+    return [w for w in FUSED_WORDS if w in words]
