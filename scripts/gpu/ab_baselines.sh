@@ -10,9 +10,12 @@
 # TUNE="MODEL:BATCH ...": the user's day against the first of BASELINES: trace the decode step as
 #   that baseline runs it, harvest (--kv-heads, and --topk for a MoE, from the config), search the linears (gemv at
 #   batch <= 8, gemm above; SEARCH_S seconds, default 45) and the grouped decode attention
-#   (ATTN_S, default 30; 0 skips it), tuner rank --baseline (the kernel max-autotune picks for each
+#   (ATTN_S, default 30; 0 skips it) and, for a MoE config, the moe family (MOE_S, default 60),
+#   tuner rank --baseline (the kernel max-autotune picks for each
 #   shape; for attention the fastest SDPA on the grouped cache), export, then tuner ab against
 #   every baseline in BASELINES with that export: measured against projected per baseline.
+# LAYERS: keep the first LAYERS decoder layers of every config (written under the work folder;
+#   a 48-layer MoE config and its fp32 reference do not fit one H200 together).
 # GPU_TESTS: pytest targets run first (marker gpu). AB_STEPS / AB_GROUPS / AB_REPLAYS: tuner ab's (8 / 10
 # / 8). AB_S: the timeout of one tuner ab (default 300 s; never past LIMIT_S, default 585, after
 # the start). DEADLINE_S: no new A/B starts after this many seconds (default 500). DEVICE_JSON: a
@@ -30,12 +33,19 @@ BASELINES=${BASELINES:-max-autotune}
 FIRST=${BASELINES%%,*}
 AB_STEPS=${AB_STEPS:-8}; AB_GROUPS=${AB_GROUPS:-10}; AB_REPLAYS=${AB_REPLAYS:-8}
 AB_S=${AB_S:-300}; DEADLINE_S=${DEADLINE_S:-500}; LIMIT_S=${LIMIT_S:-585}
-SEARCH_S=${SEARCH_S:-45}; ATTN_S=${ATTN_S:-30}
+SEARCH_S=${SEARCH_S:-45}; ATTN_S=${ATTN_S:-30}; MOE_S=${MOE_S:-60}
+mkdir -p "$W/models"
+config() {  # the config tuner ab reads for model $1: the example's, or its first LAYERS layers
+  local src=shapes/examples/models/$1.json
+  [ -z "${LAYERS:-}" ] && { echo "$src"; return; }
+  python3 -c "import json, sys; c = json.load(open('$src')); c['num_hidden_layers'] = int('$LAYERS'); \
+json.dump(c, open('$W/models/$1.json', 'w'), indent=1)" && echo "$W/models/$1.json"
+}
 late() { [ $(( $(date +%s) - T0 )) -gt "$DEADLINE_S" ]; }
 keep() {  # everything small of a folder into the tarball's tree, then the tarball
   mkdir -p "$W/keep/$2"
   (cd "$1" && find . -type f \( -name 'ab.json' -o -name 'ab.md' -o -name '*.log' -o -name '*.md' \
-     -o -name '*.parquet' -o -name 'gemv.json' -o -name 'gemm.json' -o -name 'attention.json' \
+     -o -name '*.parquet' -o -name 'gemv.json' -o -name 'gemm.json' -o -name 'attention.json' -o -name 'moe.json' \
      -o -name 'manifest.json' -o -name 'measurement.json' \) -not -path '*/traces/*' \
      -not -path './keep/*' -exec cp --parents {} "$W/keep/$2/" \;)
   tar -czf "$OUT/ab_baselines.tar.gz" -C "$W/keep" .
@@ -43,7 +53,7 @@ keep() {  # everything small of a folder into the tarball's tree, then the tarba
 ab() {  # model batch export_dir out_dir baselines
   left=$(( LIMIT_S - $(date +%s) + T0 )); each=$AB_S; [ "$each" -gt "$left" ] && each=$left
   timeout "$left" python3 -m tuner.cli ab \
-    --hf-config "shapes/examples/models/$1.json" --batch "$2" --export "$3" --baseline "$5" \
+    --hf-config "$(config "$1")" --batch "$2" --export "$3" --baseline "$5" \
     --steps "$AB_STEPS" --groups "$AB_GROUPS" --replays "$AB_REPLAYS" --timeout "${each}s" -o "$4" \
     > "$4.log" 2>&1; echo "ab rc=$?" | tee -a "$LOG"
   grep -v "Warning\|warn\|written:\|report:\|_TORCH_SDPA" "$4.log" | tail -n 60 | tee -a "$LOG"
@@ -63,7 +73,7 @@ done
 for item in ${TUNE:-}; do
   IFS=: read -r model batch <<< "$item"
   late && { stamp "skip tuning $model b$batch (deadline)"; continue; }
-  cfg=shapes/examples/models/$model.json; D="$W/tune-$model-b$batch"; mkdir -p "$D"
+  cfg=$(config "$model"); D="$W/tune-$model-b$batch"; mkdir -p "$D"
   family=gemv; [ "$batch" -gt 8 ] && family=gemm
   kv=$(python3 -c "import json; c = json.load(open('$cfg')); print(c.get('num_key_value_heads') or c['num_attention_heads'])")
   stamp "$model b$batch: trace the $FIRST step"
@@ -75,8 +85,9 @@ for item in ${TUNE:-}; do
   topk=$(python3 -c "import json; k = json.load(open('$cfg')).get('num_experts_per_tok'); print(f'--topk {k}' if k else '')")
   timeout 120 python3 -m tuner.cli harvest "$rep" --capture "$cap" --kv-heads "$kv" $topk \
     -o "$D/shapes.parquet" > "$D/harvest.log" 2>&1; tail -n 16 "$D/harvest.log" | tee -a "$LOG"
-  for fam in $family attention; do
-    secs=$SEARCH_S; [ "$fam" = attention ] && secs=$ATTN_S
+  moe=$(python3 -c "import json; print('moe' if json.load(open('$cfg')).get('num_experts') else '')")
+  for fam in $family attention $moe; do
+    secs=$SEARCH_S; [ "$fam" = attention ] && secs=$ATTN_S; [ "$fam" = moe ] && secs=$MOE_S
     [ "$secs" -gt 0 ] || continue
     stamp "$model b$batch: search $fam ${secs}s"
     timeout $((secs + 120)) python3 -m tuner.cli search "$D/shapes.parquet" --family "$fam" \
