@@ -409,7 +409,7 @@ def test_the_export_projects_its_moe_saving_at_the_nearest_m(monkeypatch, tmp_pa
     its measured saving per call (write_export: 5.0 -> 4.0 us) x the step's 48 calls; a call of
     another structure (64 experts) has no entry. Without moe rows in the baseline step (its
     grouped-mm experts give none) the tuned step's tuner::moe rows are projected."""
-    from kernels import get_family
+    from tuner_kernels import get_family
     from test_serving import IDENTITY, write_export
     from tuner.shapetable import attribution_key
 

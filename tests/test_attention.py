@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from kernels import attention, get_family  # noqa: E402
+from tuner_kernels import attention, get_family  # noqa: E402
 from tuner.spaces import space_for  # noqa: E402
 
 # p is rounded to bf16 before the P·V dot (as in flash attention) and the output to bf16.

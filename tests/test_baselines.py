@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.attention import make_inputs, reference
+from tuner_kernels.attention import make_inputs, reference
 from tuner import baselines
 from tuner.ab import verdict as abv
 from tuner.ab.measure import ABSettings, measure
@@ -226,7 +226,7 @@ def test_the_max_autotune_arm_captures_and_replays_in_one_graph(llama_config, tm
 
 # ------------------------------------------------------------------ rank --baseline max-autotune
 def test_the_max_autotune_reference_compiles_in_that_mode(monkeypatch):
-    from kernels import get_family
+    from tuner_kernels import get_family
     from tuner import bench
 
     monkeypatch.setattr(bench, "_COMPILED_BASELINES", {})
@@ -252,7 +252,7 @@ def test_the_max_autotune_reference_compiles_in_that_mode(monkeypatch):
 def test_the_strongest_attention_baseline_is_grouped_sdpa_in_its_fastest_form(monkeypatch):
     """rank --baseline max-autotune for attention: SDPA on the grouped cache in the form
     fastest_sdpa_form picks (timed once a shape), also for a call traced on a repeated cache."""
-    from kernels import get_family
+    from tuner_kernels import get_family
     from tuner import bench
 
     monkeypatch.setattr(bench, "_ATTENTION_FORMS", {})

@@ -13,7 +13,7 @@ import os
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernels import get_family  # noqa: E402
+from tuner_kernels import get_family  # noqa: E402
 from tuner import bench, timing, parity  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
 
@@ -294,7 +294,7 @@ def test_the_compiled_baseline_computes_the_eager_baselines_bytes():
     output bit for bit, with and without the served call's mask."""
     import torch
 
-    from kernels import attention
+    from tuner_kernels import attention
     from tuner import bench
 
     shape = {"batch": 2, "heads": 8, "kv_heads": 2, "kv_len": 40, "head_dim": 64,

@@ -1,4 +1,4 @@
-"""Known configs (kernels/candidates.py) and compiling ahead (tuner/precompile.py).
+"""Known configs (tuner_kernels/candidates.py) and compiling ahead (tuner/precompile.py).
 
 The known lists are what a search queues first and what scripts/gpu/sweep_linears.sh sweeps: on the
 8B decode shapes every one must be a valid config of the cuda space (or the search would drop
@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from kernels import gemm, gemv
-from kernels.candidates import GEMV_DOT_ROWS, candidate_configs, split_counts
-from kernels.common import KernelCall
+from tuner_kernels import gemm, gemv
+from tuner_kernels.candidates import GEMV_DOT_ROWS, candidate_configs, split_counts
+from tuner_kernels.common import KernelCall
 from tuner import precompile
 from tuner.search import make_plan, known_params
 from tuner.spaces import space_for

@@ -141,7 +141,7 @@ def test_slope_is_the_least_squares_rate_over_the_big_sizes():
 
 
 def _compile_readers(_request: dict) -> list:
-    """In a child without TRITON_INTERPRET (kernels.common.run_without_interpreter): every
+    """In a child without TRITON_INTERPRET (tuner_kernels.common.run_without_interpreter): every
     persistent reader's launch for a 96 MiB buffer (meta tensors), compiled for sm90 (TMA
     descriptors for the tma kind) and gfx942 (pointer loads): [backend, reader, shared bytes,
     bulk tensor copies, cp.async copies]."""
@@ -149,7 +149,7 @@ def _compile_readers(_request: dict) -> list:
 
     from triton.backends.compiler import GPUTarget
 
-    from kernels import common
+    from tuner_kernels import common
 
     common._TORCH_TO_TRITON.setdefault(torch.int32, "i32")  # the readers' buffers are int32
     buf = torch.empty((96 << 20) // 4, dtype=torch.int32, device="meta")
@@ -170,7 +170,7 @@ def test_the_persistent_readers_compile_to_pipelined_copies_for_sm90_and_gfx942(
     """Offline (no GPU): on sm90 the tma readers stream their tiles with bulk tensor copies
     (TMA) through STAGES - 1 shared-memory buffers, the cpasync reader with cp.async; on gfx942
     both compile with pointer loads (the path `measure_read_curve` takes on hip)."""
-    from kernels.common import run_without_interpreter
+    from tuner_kernels.common import run_without_interpreter
 
     rows = {(backend, name): (shared, bulk, cpasync) for backend, name, shared, bulk, cpasync
             in run_without_interpreter("tests.test_ceilings:_compile_readers", {})}

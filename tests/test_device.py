@@ -106,7 +106,7 @@ def test_tuner_device_without_gpu_is_one_line_exit_2(capsys, tmp_path):
 
 # --------------------------------------------------------------------------------------- GPU
 def _compiled_kernels_or_skip():
-    from kernels import gemv
+    from tuner_kernels import gemv
 
     if type(gemv._gemv_kernel).__name__ == "InterpretedFunction" or \
             os.environ.get("TRITON_INTERPRET") == "1":
@@ -143,7 +143,7 @@ def test_gpu_measure_profile(tmp_path):
 @pytest.mark.gpu
 def test_gpu_gemv_matches_reference_and_is_deterministic():
     _compiled_kernels_or_skip()
-    from kernels import get_family
+    from tuner_kernels import get_family
     from tuner import bench, parity
 
     fam = get_family("gemv")
@@ -168,7 +168,7 @@ def test_gpu_gemv_matches_reference_and_is_deterministic():
 @pytest.mark.gpu
 def test_gpu_protocol_aa_and_cold_vs_warm():
     _compiled_kernels_or_skip()
-    from kernels import get_family
+    from tuner_kernels import get_family
     from tuner import bench
 
     fam = get_family("gemv")

@@ -1,7 +1,7 @@
 """tuner export and the runtime loader: round trip, refusals, nearest m, hit counts, atomicity.
 
 Verdicts come from tuner.rank.decide on recorded numbers; the kernel hash and the default configs
-are the real kernels.gemv ones. Only the device identity is given (this machine has no GPU).
+are the real tuner_kernels.gemv ones. Only the device identity is given (this machine has no GPU).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 
 import pytest  # noqa: E402
 
-from kernels import get_family  # noqa: E402
+from tuner_kernels import get_family  # noqa: E402
 from tuner import export, rank, runtime  # noqa: E402
 from tuner.cli import main  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
@@ -297,7 +297,7 @@ def test_lookup_misses_are_none_so_serving_runs_the_baseline(loader):
 def test_serving_entry_points_run_torch_on_a_miss(loader):
     import torch
 
-    from kernels import attention
+    from tuner_kernels import attention
     from tuner import serving
 
     export.export(verdicts(ENTRIES), out_root=loader)
@@ -380,7 +380,7 @@ def test_an_m_without_an_entry_takes_the_nearest_bucket_and_the_export_says_the_
     from 16's) though 16 is nearer in m; m = 1500 (bucket 2048) takes 2048's; m = 24 takes 16's."""
     from test_serving import write_export
 
-    from kernels import gemm
+    from tuner_kernels import gemm
 
     base = {"n": 4096, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
     configs = {16: {"BLOCK_M": 16, "num_stages": 4}, 512: {"BLOCK_M": 128, "SCHEDULE": 1},

@@ -9,8 +9,8 @@ import pytest  # noqa: E402
 import triton  # noqa: E402
 import torch  # noqa: E402
 
-from kernels import get_family  # noqa: E402
-from kernels import gemm  # noqa: E402
+from tuner_kernels import get_family  # noqa: E402
+from tuner_kernels import gemm  # noqa: E402
 from tuner.spaces import space_for  # noqa: E402
 
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
@@ -26,7 +26,7 @@ CONFIGS = [
 
 
 def test_kernels_run_under_the_interpreter():
-    # If another module imported kernels.gemm before TRITON_INTERPRET=1 was set, every test here
+    # If another module imported tuner_kernels.gemm before TRITON_INTERPRET=1 was set, every test here
     # would try to launch compiled kernels on CPU tensors: say so plainly instead.
     assert isinstance(gemm.gemm_kernel, InterpretedFunction)
     assert isinstance(gemm.splitk_reduce_kernel, InterpretedFunction)

@@ -8,8 +8,8 @@ import os
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernels import get_family  # noqa: E402
-from kernels import gemv  # noqa: E402
+from tuner_kernels import get_family  # noqa: E402
+from tuner_kernels import gemv  # noqa: E402
 from tuner import parity  # noqa: E402
 from tuner.spaces import space_for  # noqa: E402
 
@@ -203,7 +203,7 @@ def test_addmm_rows_carry_bias_and_mm_rows_do_not():
 
 
 # ------------------------------------------- the skinny (USE_DOT 2) and pipelined FMA variants
-# USE_DOT 2 (the swap-AB skinny kernel of kernels/skinny.py) and the pipelined FMA loop
+# USE_DOT 2 (the swap-AB skinny kernel of tuner_kernels/skinny.py) and the pipelined FMA loop
 # (num_stages > 1 with USE_DOT 0). k = 100 takes the pointer kernel (rows of 200 bytes are no
 # TMA rows); k = 104 (208-byte rows) the descriptor kernel. Tiny tiles keep the interpreter quick.
 SKINNY = [
@@ -278,7 +278,7 @@ def test_balanced_rows_give_the_same_bytes_over_more_programs(k):
 
 
 def test_balanced_rows_fill_whole_waves():
-    from kernels.skinny import balanced_rows
+    from tuner_kernels.skinny import balanced_rows
 
     assert balanced_rows(14336, 128, 1, 132) == 112  # 112 programs -> 128 (of 132 SMs)
     assert balanced_rows(4096, 64, 1, 132) == 32  # 64 programs -> 128

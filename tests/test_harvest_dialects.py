@@ -158,10 +158,10 @@ def test_decode_attention_rows_are_bucketed_by_kv_len(tmp_path):
 
 
 def test_the_loader_serves_each_call_from_the_row_that_counted_it(monkeypatch):
-    """Export one config per bucketed row (shaped as kernels.attention.shape_from_row reads the
+    """Export one config per bucketed row (shaped as tuner_kernels.attention.shape_from_row reads the
     row), load them into tuner.runtime as its loader does, and look each call's real KV length
     up: the nearest-kv_len lookup lands on the row whose calls include that call."""
-    import kernels.attention as family
+    import tuner_kernels.attention as family
     from tuner import runtime
 
     res = harvest.harvest([FIXTURES / "sglang_decode_many_kv.pt.trace.json.gz"], quiet=True)

@@ -138,7 +138,7 @@ def test_vllm_pair_attention_row(vllm_pair):
     assert att.op == "vllm::unified_attention_with_output" and att.calls_per_step == 24
     assert (att.batch, att.heads, att.kv_heads, att.q_len, att.head_dim) == (32, 64, 8, 1, 64)
     assert att.kv_len == round(55086 / 32) == att.n
-    import kernels.attention as family
+    import tuner_kernels.attention as family
 
     assert family.shape_from_row(att) == {"batch": 32, "heads": 64, "kv_heads": 8,
                                           "kv_len": 1721, "head_dim": 64, "dtype": "bfloat16"}
@@ -149,7 +149,7 @@ def test_vllm_pair_marks_only_the_calls_its_compiled_graphs_ran(vllm_pair):
     ranges in the capture) and runs attention, a custom op, and the lm_head outside them: only
     the linears' rows are traced_compiled, so rank times only their baseline compiled. The MoE
     layers (vllm::moe_forward, a custom op called inside the graphs) are not marked."""
-    from kernels import get_family
+    from tuner_kernels import get_family
     from tuner.spaces import with_row_measure_keys
 
     result, df = vllm_pair
@@ -373,7 +373,7 @@ def test_a_torch_compiled_steps_rows_say_so_and_an_eager_steps_do_not(tmp_path):
     """Inductor's kernels in a trace (1815 in this compiled Qwen3-8B step) mark its rows
     traced_compiled = 1, with a note; the planner then measures them with baseline_compiled, so
     rank times the baseline as that step runs it. An eager step's table has no such column."""
-    from kernels import get_family
+    from tuner_kernels import get_family
     from tuner import shapetable
     from tuner.spaces import check_shape, served_shape, with_row_measure_keys
 

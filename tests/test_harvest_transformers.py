@@ -11,7 +11,7 @@ import json
 import pandas as pd
 import pytest
 
-from kernels import get_family
+from tuner_kernels import get_family
 from tuner import harvest
 from tuner.cli import main as cli_main
 

@@ -24,8 +24,8 @@ import pytest
 triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-from kernels import gemv  # noqa: E402
-from kernels.common import compile_configs  # noqa: E402
+from tuner_kernels import gemv  # noqa: E402
+from tuner_kernels.common import compile_configs  # noqa: E402
 from tuner.spaces import space_for  # noqa: E402
 
 GFX942 = GPUTarget("hip", "gfx942", 64)

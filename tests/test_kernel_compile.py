@@ -5,7 +5,7 @@ to ptxas (bundled with triton), and GPUTarget("hip", "gfx942", 64) the whole AMD
 an hsaco. Hygon DCU archs (gfx926/928/936/938) are unknown to upstream Triton: the dcu spaces are
 compiled for gfx942 as a gfx9 proxy. Each test prints n_regs / n_spills / shared per kernel.
 
-`kernels.common.compile_configs` compiles in a clean subprocess when this process imported
+`tuner_kernels.common.compile_configs` compiles in a clean subprocess when this process imported
 triton.language under TRITON_INTERPRET=1 (other test modules set it); all jobs of a family and
 target go through one call, made once per session.
 """
@@ -17,8 +17,8 @@ import random
 import pytest
 from triton.backends.compiler import GPUTarget
 
-from kernels import attention, gemm
-from kernels.common import compile_configs
+from tuner_kernels import attention, gemm
+from tuner_kernels.common import compile_configs
 from tuner.spaces import space_for
 
 TARGETS = {"cuda": GPUTarget("cuda", 90, 32), "hip": GPUTarget("hip", "gfx942", 64),
@@ -248,13 +248,13 @@ def test_skinny_configs_compile_for_gfx942_and_the_spilling_one_is_rejected():
 
 
 def _compile_masked(_request: dict) -> list:
-    """In a child without TRITON_INTERPRET (kernels.common.run_without_interpreter): the
+    """In a child without TRITON_INTERPRET (tuner_kernels.common.run_without_interpreter): the
     masked decode attention's kernels for sm90 and gfx942, [backend, mask kind, config, kernel,
     registers, spills, shared, MASK]."""
     import torch
     from triton.backends.compiler import GPUTarget
 
-    from kernels import attention, common
+    from tuner_kernels import attention, common
     from tuner.spaces import space_for
 
     common._TORCH_TO_TRITON.setdefault(torch.uint8, "u8")  # a boolean mask is read as uint8
@@ -302,7 +302,7 @@ def test_the_masked_decode_attention_compiles_for_sm90_and_gfx942():
     stacked and split ones, where each space keeps them: no spills, within shared memory / LDS
     (search_spaces/attention.yaml: how the register limits for masked calls were derived, and
     the few sm90 configs that still spill a little when masked)."""
-    from kernels.common import run_without_interpreter
+    from tuner_kernels.common import run_without_interpreter
 
     rows = run_without_interpreter("tests.test_kernel_compile:_compile_masked", {})
     kinds = {(backend, name, row_mask) for backend, name, _c, kernel, _r, _s, _sh, row_mask in rows

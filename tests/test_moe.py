@@ -7,8 +7,8 @@ import pytest
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 
-from kernels import get_family, moe
-from kernels.cost import moe_cost, touched_experts
+from tuner_kernels import get_family, moe
+from tuner_kernels.cost import moe_cost, touched_experts
 from tuner.spaces import check_shape, space_for
 
 TINY = {"m": 3, "experts": 4, "topk": 2, "hidden": 64, "inter": 32, "dtype": "bfloat16"}
@@ -82,6 +82,46 @@ def test_align_lists_every_pair_once_grouped_and_padded_by_expert(block_m):
         assert all(flat[p] == int(expert_ids[b]) for p in members)
         assert members == sorted(members)
     assert all(p == pairs for p in sorted_ids[int(total):].tolist())
+
+
+def _kernel_align(ids, experts, block_m):
+    pairs = ids.numel()
+    slots = moe.max_padded(pairs, experts, block_m)
+    out = (torch.full((slots,), -7, dtype=torch.int32),
+           torch.full((slots // block_m,), -7, dtype=torch.int32),
+           torch.full((1,), -7, dtype=torch.int32))
+    moe.moe_align_kernel[(1,)](ids.contiguous().view(-1), *out, pairs, experts, slots,
+                               slots // block_m, BLOCK_SIZE_M=block_m,
+                               E_BLOCK=1 << (experts - 1).bit_length(), CHUNK=moe.ALIGN_CHUNK)
+    return out
+
+
+@pytest.mark.parametrize("experts,m,topk,block_m", [
+    (7, 9, 3, 1), (7, 9, 3, 16), (128, 1, 8, 16), (128, 64, 8, 16), (128, 64, 8, 64),
+    (32, 5, 4, 32)])
+def test_the_align_kernel_gives_the_torch_align_bytes(experts, m, topk, block_m):
+    """moe_align_kernel (one program, chunks of pairs) writes what `align` computes with torch
+    ops: the same pair order (stable within an expert), sentinels, block experts and total; int64
+    ids as transformers' router gives them. 512 pairs cross many chunks."""
+    gen = torch.Generator().manual_seed(experts * 100 + m)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(m)])
+    expected = moe.align(ids, experts, block_m)
+    got = _kernel_align(ids, experts, block_m)
+    for name, want, have in zip(("sorted_ids", "expert_ids", "total"), expected, got):
+        assert torch.equal(want.to(torch.int32), have), name
+
+
+def test_a_decode_plan_aligns_in_one_launch_and_a_prefill_plan_with_torch_ops():
+    decode = moe.make_inputs({**TINY, "m": 2}, "cpu")
+    _, calls = moe.launch_plan(decode, BASE)
+    assert [c.kernel for c in calls][0] is moe.moe_align_kernel and len(calls) == 4
+    assert moe.align_in_kernel(moe.ALIGN_MAX_PAIRS, 128)
+    assert not moe.align_in_kernel(moe.ALIGN_MAX_PAIRS + 1, 128)
+    assert not moe.align_in_kernel(8, moe.ALIGN_MAX_EXPERTS + 1)
+    wide = {"m": 4, "experts": moe.ALIGN_MAX_EXPERTS * 2, "topk": 2, "hidden": 32, "inter": 32,
+            "dtype": "bfloat16"}
+    _, calls = moe.launch_plan(moe.make_inputs(wide, "meta"), BASE)
+    assert len(calls) == 3 and moe.moe_align_kernel not in [c.kernel for c in calls]
 
 
 def test_the_baselines_agree_with_the_reference():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels import get_family
+from tuner_kernels import get_family
 from tuner import export, rank
 from tuner.cli import main
 from tuner.parity import ParityFacts

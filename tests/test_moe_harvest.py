@@ -82,7 +82,7 @@ def test_no_moe_kernel_is_counted_twice_or_as_a_gemm(pair):
 
 
 def test_the_moe_family_reads_the_row_and_refuses_mxfp4(pair):
-    from kernels import get_family
+    from tuner_kernels import get_family
 
     _result, df, _out = pair
     moe = row(df, family="moe")
@@ -95,7 +95,7 @@ def test_the_moe_family_reads_the_row_and_refuses_mxfp4(pair):
 
 
 def test_budget_gives_a_served_moe_row_its_family_floor(pair, tmp_path, capsys):
-    from kernels import get_family
+    from tuner_kernels import get_family
     from tuner.cli import main
 
     _result, df, _out = pair
@@ -175,7 +175,7 @@ def test_moe_dims_that_do_not_give_a_shape_give_no_call():
 def test_a_table_without_moe_columns_still_reads(tmp_path):
     """A ShapeTable written before the moe columns (or of a dense model) has no experts / topk:
     it reads as it was, and the moe family serves none of its rows."""
-    from kernels import get_family
+    from tuner_kernels import get_family
 
     table = pd.DataFrame([dict(op="aten::mm", family="gemm", phase="decode", m=4, n=896, k=896,
                                batch=1, dtype="bfloat16", layout="NT", calls=24, steps=1,
@@ -352,7 +352,7 @@ def test_topk_reads_each_blocks_grouped_mm_pair_as_one_moe_call(grouped_trace):
         assert r.calls == g["layers"] * n_steps and r.calls_per_step == g["layers"]
         assert r.layout == ""
     # the moe family reads the row as its shape
-    from kernels import get_family
+    from tuner_kernels import get_family
 
     assert get_family("moe").shape_from_row(row(df, family="moe", phase="decode")) == {
         "m": g["batch"], "experts": g["experts"], "topk": g["topk"], "hidden": g["hidden"],

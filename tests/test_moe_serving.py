@@ -1,5 +1,5 @@
 """tuner.serving's MoE route: a transformers Qwen3-MoE model (random weights, tiny sizes) whose
-experts modules run torch.ops.tuner.moe (kernels.moe under the Triton interpreter on the CPU)
+experts modules run torch.ops.tuner.moe (tuner_kernels.moe under the Triton interpreter on the CPU)
 with an export written by tuner.export; the fallbacks; `tuner ab` on an MoE config. The GPU test
 (marker `gpu`) captures the routed block in a CUDA graph.
 Run the GPU test with: TRITON_INTERPRET=0 python3 -m pytest -m gpu tests/test_moe_serving.py"""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import moe as family
+from tuner_kernels import moe as family
 from tuner import runtime, serving
 
 from test_serving import IDENTITY, device, rel_err, write_export  # noqa: F401 (device: a fixture)

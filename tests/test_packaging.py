@@ -21,11 +21,11 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("pyproject.toml", "README.md", "tuner", "kernels", "search_spaces")
+SOURCES = ("pyproject.toml", "README.md", "tuner", "tuner_kernels", "search_spaces")
 
 CHECK = r"""
 import json, sys
-import kernels, search_spaces, tuner, tuner.cli, tuner.harvest, tuner.runtime, tuner.search
+import tuner_kernels as kernels, search_spaces, tuner, tuner.cli, tuner.harvest, tuner.runtime, tuner.search
 from tuner import spaces
 out = {"files": {m.__name__: m.__file__ for m in (kernels, search_spaces, tuner)}, "spaces": {}}
 for family in spaces.family_names():
@@ -84,7 +84,7 @@ def test_the_wheel_carries_every_package_and_search_space(tmp_path):
     assert len(yaml_files) >= 3
     for name in yaml_files:
         assert f"search_spaces/{name}" in names, sorted(names)
-    for package in ("tuner", "kernels", "search_spaces", *sorted(
+    for package in ("tuner", "tuner_kernels", "search_spaces", *sorted(
             str(p.parent.relative_to(ROOT)).replace("/", ".")
             for p in (ROOT / "tuner").glob("*/__init__.py"))):
         assert f"{package.replace('.', '/')}/__init__.py" in names, (package, sorted(names))

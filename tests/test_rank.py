@@ -358,7 +358,7 @@ def test_real_measurement_path_under_the_interpreter(tmp_path, monkeypatch):
     the interpreter is far slower than torch's linear, so the default config is 'not faster';
     a config the kernel cannot launch is 'failed' with the kernel's own message."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from kernels.gemv import default_config
+    from tuner_kernels.gemv import default_config
 
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     shape = {"m": 2, "n": 40, "k": 64, "dtype": "bfloat16"}
@@ -384,7 +384,7 @@ def test_real_measurement_path_under_the_interpreter(tmp_path, monkeypatch):
 @pytest.mark.gpu
 def test_measure_on_gpu_real_gemv():
     """On a GPU: the default config re-measured against the baseline gives a full row."""
-    from kernels.gemv import default_config
+    from tuner_kernels.gemv import default_config
 
     s = study_info("m=4,n=4864,k=896,dtype=bfloat16")
     c = rank.Candidate(config=default_config(s.shape, "cuda"), search_us=0.0, trial=0)
@@ -445,7 +445,7 @@ def _tiny_gemv_study(tmp_path, monkeypatch):
     """(url, study, shape): one tiny gemv study with its default config, for rank's own
     measurement on the CPU under the interpreter."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from kernels.gemv import default_config
+    from tuner_kernels.gemv import default_config
 
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     shape = {"m": 2, "n": 40, "k": 64, "dtype": "bfloat16"}

@@ -526,7 +526,7 @@ def test_cli_refuses_cmaes_and_bad_flags_with_one_line(tmp_path, capsys):
 def test_gpu_objective_records_a_config_that_cannot_launch():
     """The real GPU objective (tuner.parity + tuner.bench) on the Triton interpreter: a config the
     kernel rejects is a failure with its reason, not an exception that ends the worker."""
-    from kernels.gemv import default_config
+    from tuner_kernels.gemv import default_config
     from tuner.spaces import space_for
 
     shape = {"m": 2, "n": 64, "k": 128, "dtype": "bfloat16"}

@@ -68,7 +68,7 @@ def test_read_state_counts_measurements_not_deaths_orphans_or_step_asides(tmp_pa
 
 
 def test_known_configs_are_queued_right_after_the_default_and_read_back_in_order(tmp_path):
-    """Rule 1 with known configs (kernels/candidates.py): default, then the known ones (role
+    """Rule 1 with known configs (tuner_kernels/candidates.py): default, then the known ones (role
     known, those outside the constraints dropped, no duplicate of the default), then the
     sampler's startup; `queued_configs` gives the full configs in that order (what a worker
     compiles ahead)."""

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import get_family
+from tuner_kernels import get_family
 from tuner import export, rank, runtime, serving
 from tuner.parity import ParityFacts
 
@@ -133,7 +133,7 @@ def test_without_an_export_the_model_computes_exactly_what_torch_computes(device
 
 
 def test_with_an_export_the_custom_ops_run_the_triton_kernels(device, monkeypatch):
-    from kernels import attention, gemv
+    from tuner_kernels import attention, gemv
 
     launched = []
     for module, name in ((gemv, "gemv"), (attention, "launch")):
@@ -169,7 +169,7 @@ def test_the_ops_trace_under_torch_compile_fullgraph(device):
 
 
 def test_a_failing_kernel_runs_the_baseline_with_one_warning(device, caplog, monkeypatch):
-    from kernels import gemv
+    from tuner_kernels import gemv
 
     model, inputs = make_model_and_inputs()
     expected = model(*inputs)

@@ -13,12 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import kernels
-from kernels import get_family
+import tuner_kernels as kernels
+from tuner_kernels import get_family
 from tuner import budget, shapetable
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("tuner", "kernels")
+PACKAGES = ("tuner", "tuner_kernels")
 
 
 def modules() -> dict[str, Path]:
@@ -71,12 +71,12 @@ def test_a_family_hash_covers_every_kernels_module_it_uses(family):
     fam = get_family(family)
     path = Path(kernels.FAMILY_MODULES[family].replace(".", "/") + ".py")
     used = {name for name in top_level_imports(ROOT / path)
-            if name == "kernels" or name.startswith("kernels.")}
+            if name == "tuner_kernels" or name.startswith("tuner_kernels.")}
     files = {Path(p).resolve() for p in fam.source_files}
     known = modules()
     for name in used:
         module_file = known.get(name)
-        if module_file is None:  # "kernels.common.DTYPES": a name, not a module
+        if module_file is None:  # "tuner_kernels.common.DTYPES": a name, not a module
             continue
         assert module_file.resolve() in files, f"{family} uses {name} but its hash misses it"
     assert (ROOT / path).resolve() in files
@@ -84,7 +84,7 @@ def test_a_family_hash_covers_every_kernels_module_it_uses(family):
 
 def test_a_change_in_a_shared_kernel_module_changes_every_family_hash(monkeypatch):
     before = {name: get_family(name).source_hash() for name in kernels.family_names()}
-    common = (ROOT / "kernels" / "common.py").resolve()
+    common = (ROOT / "tuner_kernels" / "common.py").resolve()
     read = Path.read_bytes
 
     def edited(self):
@@ -100,7 +100,7 @@ def test_kernels_never_import_the_pipeline_at_module_level():
     """Serving code imports kernels: importing them must not import tuner (no kernels <-> tuner
     cycle); the entry points import tuner.runtime when first called."""
     for name, path in modules().items():
-        if name.split(".")[0] != "kernels":
+        if name.split(".")[0] != "tuner_kernels":
             continue
         assert not any(i == "tuner" or i.startswith("tuner.") for i in top_level_imports(path)), name
 
@@ -145,7 +145,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> dict[str, int]:
 
 
 def import_graph() -> dict[str, dict[str, int]]:
-    """{module: {module it imports: line}} over every module of tuner/ and kernels/."""
+    """{module: {module it imports: line}} over every module of tuner/ and tuner_kernels/."""
     known = modules()
     return {name: imports_of(name, path, set(known)) for name, path in known.items()}
 
@@ -198,7 +198,7 @@ def import_circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
 
 
 def test_no_import_circle_among_the_modules_of_tuner_and_kernels():
-    """No module of tuner/ or kernels/ reaches itself through its imports: the graph is computed
+    """No module of tuner/ or tuner_kernels/ reaches itself through its imports: the graph is computed
     from the source (every `import` and `from ... import` statement, `imports_of`), not from a
     list kept by hand, and a circle is named with the line of each import in it.
 
@@ -307,7 +307,7 @@ def test_budget_costs_a_row_as_its_kernel_family_does(row):
 def test_structure_test_reads_real_files():
     """The checks above read the project's own files (not an empty tree)."""
     assert len(modules()) > 15
-    digest = hashlib.sha256((ROOT / "kernels" / "common.py").read_bytes()).hexdigest()
+    digest = hashlib.sha256((ROOT / "tuner_kernels" / "common.py").read_bytes()).hexdigest()
     assert len(digest) == 64
 
 

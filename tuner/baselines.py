@@ -116,12 +116,12 @@ def _row_mask(mask):
 
 def grouped_sdpa(inputs: dict, form: SDPAForm):
     """The attention family's decode call (q [b, h, d], k / v [b, kv_heads, kv_len, d], optional
-    mask and scale, as kernels.attention.make_inputs gives) on the grouped cache in `form`;
+    mask and scale, as tuner_kernels.attention.make_inputs gives) on the grouped cache in `form`;
     returns [b, h, d]. No copy of the cache is made in either layout."""
     import torch
     from torch.nn.attention import sdpa_kernel
 
-    from kernels.attention import _TORCH_SDPA
+    from tuner_kernels.attention import _TORCH_SDPA
 
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     b, h, d = q.shape
@@ -187,7 +187,7 @@ def fastest_sdpa_form(shape: dict, *, masked: bool = True, device=None, groups: 
     median_us or the reason it was left out). Raises TunerError when no form runs."""
     import torch
 
-    from kernels.attention import make_inputs, reference
+    from tuner_kernels.attention import make_inputs, reference
 
     from .hardware import l2_cache_bytes
     from .timing import cold_sets, set_bytes, time_callable

@@ -398,7 +398,7 @@ def parse_shape(text: str, dtype: str | None = None, family: str | None = None) 
         shape["dtype"] = dtype
     shape.setdefault("dtype", "bfloat16")
     if family == "gemm":
-        shape.setdefault("layout", "NT")  # what kernels.gemm assumes without one
+        shape.setdefault("layout", "NT")  # what tuner_kernels.gemm assumes without one
     candidates = [family] if family in SHAPE_KEYS else list(SHAPE_KEYS)
     problems = {name: check_shape(name, shape) for name in candidates}
     if any(not why for why in problems.values()):
@@ -548,7 +548,7 @@ def run_command(family_name: str, shape_text: str, *, dtype=None, configs=(), ca
     """`tuner bench`: baseline, default and the given configs (and with `sweep` the whole
     space, `do_sweep`) for one shape under the timing protocol, printed as a table through `out`
     with the three parity facts; the sweep's best configs are those passing `gate`."""
-    import kernels
+    import tuner_kernels as kernels
 
     from . import device as device_mod, parity
     from .errors import warn

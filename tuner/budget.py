@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kernels.cost import attention_cost, dtype_bytes, dtype_name, gemm_cost
+from tuner_kernels.cost import attention_cost, dtype_bytes, dtype_name, gemm_cost
 
 from .device import DeviceProfile
 from .errors import NoGPUError, TunerError, warn
@@ -92,7 +92,7 @@ def _int_or_none(row, column: str) -> int | None:
 
 def bytes_and_flops(row) -> tuple[float, float, str]:
     """(bytes moved, flops, why-not) for one ShapeTable row, by the kernels' cost model
-    (kernels.cost, the same one the families' bytes_moved / flops use); NaN and a reason when
+    (tuner_kernels.cost, the same one the families' bytes_moved / flops use); NaN and a reason when
     unknown."""
     family = str(row["family"])
     if family == "moe":
@@ -121,9 +121,9 @@ def bytes_and_flops(row) -> tuple[float, float, str]:
 
 
 def _family_bytes_and_flops(row, name: str) -> tuple[float, float, str]:
-    """bytes_and_flops of a row by its kernel family's own cost (moe: kernels.cost.moe_cost
+    """bytes_and_flops of a row by its kernel family's own cost (moe: tuner_kernels.cost.moe_cost
     through the family's shape_from_row / bytes_moved / flops)."""
-    from kernels import get_family
+    from tuner_kernels import get_family
 
     family = get_family(name)
     shape = family.shape_from_row(row)
@@ -353,7 +353,7 @@ def read(path: str | Path) -> pd.DataFrame:
 # ------------------------------------------------------------------------------ measuring baselines
 def kernel_families() -> list:
     """The kernel families that can be imported here (a warning for each one that cannot)."""
-    import kernels
+    import tuner_kernels as kernels
 
     families = []
     for name in kernels.family_names():

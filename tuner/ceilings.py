@@ -67,7 +67,7 @@ def measure_read_curve(sizes=READ_CURVE_BYTES, *, readers=None, groups: int = 5,
     the numbers mean nothing."""
     import torch
 
-    from kernels.common import sm_count
+    from tuner_kernels.common import sm_count
 
     dev = torch.device(device) if device is not None else torch.device("cuda")
     gpu = dev.type == "cuda"

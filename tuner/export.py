@@ -53,7 +53,7 @@ __all__ = ["DCU_ARCHS", "ENGINES", "FORMATS", "MEASURED_FIELDS", "VLLM_FAMILIES"
 VLLM_FAMILIES = ("gemv", "gemm")
 ENGINES = ("vllm", "sglang")  # serving engines whose fused MoE config files `export` writes
 FORMATS = ("native", *ENGINES)
-# The keys of a config in the engines' fused MoE files (kernels.moe.ENGINE_KEYS; not imported:
+# The keys of a config in the engines' fused MoE files (tuner_kernels.moe.ENGINE_KEYS; not imported:
 # it pulls in triton)
 MOE_ENGINE_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
                    "num_stages")
@@ -107,7 +107,7 @@ def accepted(verdicts: pd.DataFrame, family: str | None = None) -> pd.DataFrame:
 
 def row_problem(row: dict) -> str:
     """'' when an accepted verdict row can be exported, else why not (one line)."""
-    import kernels
+    import tuner_kernels as kernels
 
     from .spaces import check_shape, space_for
 
@@ -228,7 +228,7 @@ def vllm_documents(doc: dict) -> dict[str, dict]:
         name = f"N={shape['n']},K={shape['k']},device_name={device},dtype={shape['dtype']}"
         if shape.get("layout") and doc["family"] == "gemm":
             name += f",layout={shape['layout']}"
-        if shape.get("bias"):  # a linear with bias is tuned as its own shape (kernels.gemv)
+        if shape.get("bias"):  # a linear with bias is tuned as its own shape (tuner_kernels.gemv)
             name += ",bias=1"
         files.setdefault(name + ".json", {})[str(shape["m"])] = entry["config"]
     return {name: dict(sorted(ms.items(), key=lambda kv: int(kv[0])))

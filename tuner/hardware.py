@@ -7,7 +7,7 @@ backend of a torch.device (`space_backend`: cuda, hip or dcu), its L2 size (`l2_
 and the library versions (`versions`). It imports nothing of the project but `tuner.errors`, and
 torch only inside its functions: every floor above (the timer, the read-only kernels, the read
 curve, the device profile, parity, the timing protocol) may import it, and it imports none of
-them. The multiprocessor count a kernel launch uses is `kernels.common.sm_count` (kernels import
+them. The multiprocessor count a kernel launch uses is `tuner_kernels.common.sm_count` (kernels import
 nothing of the pipeline).
 """
 

@@ -3,7 +3,7 @@
 A trial of a config whose kernel is not compiled yet spends most of its wall time compiling
 (Triton front end, LLVM, ptxas: 0.2-0.3 s of 0.3-0.45 s on the H200 machine; BENCHMARKS.md).
 The configs a study measures first are known before it starts (the default, the known configs of
-kernels/candidates.py, the sampler's random startup: the study's queue), so a worker compiles
+tuner_kernels/candidates.py, the sampler's random startup: the study's queue), so a worker compiles
 them in the background while it measures the earlier ones.
 
 Each job is one (family, shape, config): its kernel calls (``family.launch_plan`` on 'meta'

@@ -466,7 +466,7 @@ def measure_on_gpu(study: StudyInfo, cand: Candidate, gate: str, *, device=None,
     kernels (`Measured.baseline_kernel`) are read from one profiled call on the GPU.
     `device`, `cache` and `compare_options` (groups, replays, ...) go to tuner.bench.compare;
     device='cpu' only under TRITON_INTERPRET=1 (tests: the numbers mean nothing)."""
-    from kernels import get_family
+    from tuner_kernels import get_family
 
     from . import bench, parity
 

@@ -10,9 +10,9 @@ read bandwidth (the first floor of the measuring core above the ground, docs/int
   through cp.async stages (sm90; LDS on gfx9): the `cpasync` readers.
 
 `READERS` names the configurations the read curve (tuner.ceilings) times; `reader_plan` is one
-reader's launch as a `kernels.common.KernelCall` (offline compiles use it too), `reader_call` a
+reader's launch as a `tuner_kernels.common.KernelCall` (offline compiles use it too), `reader_call` a
 callable for the timer, `read_sets` its input sets. This module imports nothing of the
-pipeline; torch, triton and kernels.common only inside its functions.
+pipeline; torch, triton and tuner_kernels.common only inside its functions.
 """
 
 from __future__ import annotations
@@ -104,10 +104,10 @@ def reader_plan(name: str, buf, sms: int, *, use_desc: bool = True, programs: in
     `part` is used where it has that size). `use_desc` False: the tma reader with pointer
     loads (hip, the CPU interpreter); `programs`: the persistent kinds' grid instead of their
     programs a multiprocessor (a probe of how many programs a read needs). Works on meta
-    tensors (offline compiles, kernels.common.compile_call)."""
+    tensors (offline compiles, tuner_kernels.common.compile_call)."""
     import torch
 
-    from kernels.common import KernelCall
+    from tuner_kernels.common import KernelCall
 
     kind, meta, warps, per_sm = READERS[name]
     if kind == "stream":

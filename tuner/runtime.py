@@ -1,6 +1,6 @@
 """The runtime loader: exported configs for a serving build (docs/interfaces.md "Runtime loader").
 
-Serving code calls a family's entry point, e.g. ``kernels.gemv.linear(x, weight)``, which asks
+Serving code calls a family's entry point, e.g. ``tuner_kernels.gemv.linear(x, weight)``, which asks
 ``lookup("gemv", shape)`` for the config to launch with. The answer is:
 
 1. the exported config for exactly this shape, else
@@ -99,14 +99,14 @@ def current_identity() -> dict | None:
 
 def kernel_hash(family: str) -> str:
     """Source hash of a kernel family (KernelFamily.source_hash()). Monkeypatchable in tests."""
-    from kernels import get_family
+    from tuner_kernels import get_family
 
     return get_family(family).source_hash()
 
 
 def default_config(family: str, shape: dict, backend: str) -> dict:
     """The family's default config for a shape. Monkeypatchable in tests."""
-    from kernels import get_family
+    from tuner_kernels import get_family
 
     return get_family(family).default_config(dict(shape), backend)
 
@@ -332,7 +332,7 @@ M_BUCKET_RULE = "pow2"
 
 def m_bucket(m: int) -> int:
     """The bucket of m under M_BUCKET_RULE: the power of two at least m."""
-    from kernels.common import pow2_at_least
+    from tuner_kernels.common import pow2_at_least
 
     return pow2_at_least(int(m))
 

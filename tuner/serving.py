@@ -17,7 +17,7 @@ torch.library when this module is imported (with fake implementations, so a mode
   KV cache (GQA; an optional boolean or additive mask of that query row and SDPA's scale), with
   the attention family's exported config (exact, else nearest kv_len);
 - ``torch.ops.tuner.moe(x, w1, w2, topk_ids, topk_weights, block)``: the expert MLPs of one MoE
-  block (kernels.moe: tokens grouped by expert, fused grouped GEMMs), with the moe family's
+  block (tuner_kernels.moe: tokens grouped by expert, fused grouped GEMMs), with the moe family's
   exported config (exact, else nearest m).
 
 A shape without an exported entry runs the baseline path (torch's linear / SDPA): only a
@@ -78,7 +78,7 @@ __all__ = ["Installed", "decode_attention", "install", "installed", "linear", "m
 
 log = logging.getLogger("tuner.serving")
 
-GEMV_MAX_ROWS = 8  # kernels.gemv serves m <= 8; more rows are gemm's
+GEMV_MAX_ROWS = 8  # tuner_kernels.gemv serves m <= 8; more rows are gemm's
 DTYPES = (torch.bfloat16, torch.float16)
 FAMILIES = ("gemv", "gemm", "attention", "moe")
 
@@ -157,7 +157,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     x2 = x.reshape(rows, k)
     if rows <= GEMV_MAX_ROWS:
-        from kernels import gemv
+        from tuner_kernels import gemv
 
         shape = {"m": rows, "n": n, "k": int(k), "dtype": dtype}
         if bias is not None:
@@ -165,7 +165,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         out = _tuned("gemv", shape, lambda config: gemv.gemv(x2, weight, config, bias=bias),
                      baseline)
     else:
-        from kernels import gemm
+        from tuner_kernels import gemm
 
         shape = {"m": rows, "n": n, "k": int(k), "dtype": dtype, "layout": "NT"}
 
@@ -187,7 +187,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     attn_mask for that one query row ([batch|1, heads|1, 1, kv_len], boolean or additive, as a
     static KV cache needs); `scale`: SDPA's (None: 1 / sqrt(head_dim)). The tuned kernel where an
     exported config exists (exact, else nearest kv_len), torch's SDPA elsewhere."""
-    from kernels import attention
+    from tuner_kernels import attention
 
     squeeze = q.dim() == 4
     q3 = q.squeeze(2) if squeeze else q
@@ -213,12 +213,12 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
         topk_weights: torch.Tensor, own=None) -> torch.Tensor:
-    """The expert MLPs of one MoE block (kernels.moe's contract: x [m, hidden], w1 [experts,
+    """The expert MLPs of one MoE block (tuner_kernels.moe's contract: x [m, hidden], w1 [experts,
     2 * inter, hidden] gate rows then up rows, w2 [experts, hidden, inter], the router's
     topk_ids and topk_weights [m, topk]): the moe kernel with the exported config of the call's
     shape (exact, else nearest m), else `own()` (the caller's own path: transformers' experts
-    forward), else the family's baseline (kernels.moe.baseline)."""
-    from kernels import moe as family
+    forward), else the family's baseline (tuner_kernels.moe.baseline)."""
+    from tuner_kernels import moe as family
 
     inputs = {"x": x, "w1": w1, "w2": w2, "topk_ids": topk_ids,
               "topk_weights": topk_weights.to(torch.float32)}
@@ -642,7 +642,7 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
                 _moe_blocks[index] = module
                 handle.experts.append(module)
     if "attention" in families:
-        import kernels.attention  # noqa: F401 - it keeps torch's own SDPA before the name moves
+        import tuner_kernels.attention  # noqa: F401 - it keeps torch's own SDPA before the name moves
 
         F.scaled_dot_product_attention = _sdpa
         handle.sdpa = True

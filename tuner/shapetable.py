@@ -57,7 +57,7 @@ ATTENTION_COLUMNS: dict[str, str] = {
 # compiled, as that step runs it; written only when some call was
 OPTIONAL_COLUMNS: dict[str, str] = {"traced_compiled": "Int64"}
 
-# Optional columns of moe rows (m tokens, n = intermediate size, k = hidden: kernels/moe.py's
+# Optional columns of moe rows (m tokens, n = intermediate size, k = hidden: tuner_kernels/moe.py's
 # shape_from_row): the layer's experts and the experts each token is routed to; written only
 # when the table has a moe row, empty (NA) in its other rows
 MOE_COLUMNS: dict[str, str] = {"experts": "Int64", "topk": "Int64"}

@@ -118,7 +118,7 @@ class SearchSpace:
         return out
 
     def known(self, configs: list[dict], shape: dict, default: dict) -> list[dict]:
-        """`configs` (partial, e.g. kernels.candidates' lists) completed with the default's
+        """`configs` (partial, e.g. tuner_kernels.candidates' lists) completed with the default's
         values, in order: those this space allows for `shape`, without duplicates or the
         default itself. Only the space's parameters are kept."""
         def full(config: dict) -> dict:
@@ -216,7 +216,7 @@ SHAPE_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 # Keys that say how the baseline was measured, not which call is served: accepted in a shape
 # dict (search and rank measure with them), never in an export's entries (`served_shape`).
 # attention's baseline_kv_heads: a call harvest regrouped from a repeated KV cache, whose
-# baseline repeats the cache as the trace did (kernels.attention.shape_from_row).
+# baseline repeats the cache as the trace did (tuner_kernels.attention.shape_from_row).
 MEASURE_KEYS: dict[str, tuple[str, ...]] = {"attention": ("baseline_kv_heads",)}
 # And of every family: baseline_compiled = 1, the call's trace is of a torch.compile'd step (the
 # ShapeTable's traced_compiled), so rank times its baseline under torch.compile, as that step
@@ -249,7 +249,7 @@ def served_shape(family: str, shape: dict) -> dict:
     return {k: v for k, v in shape.items() if k not in drop}
 
 
-SHAPE_DTYPES = ("bfloat16", "float16")  # kernels.common.DTYPES (not imported: it pulls in torch)
+SHAPE_DTYPES = ("bfloat16", "float16")  # tuner_kernels.common.DTYPES (not imported: it pulls in torch)
 SHAPE_LAYOUTS = ("NT", "NN")
 
 

@@ -9,7 +9,7 @@ calls touch different experts and read them from HBM (cold, as in a decode step)
   3. paired, interleaved comparisons (tuner.bench.compare) of the best screened config and the
      default against the baseline (torch._grouped_mm, or the per-expert loop where torch lacks
      it); the per-expert loop baseline timed at m = 1 and the largest m;
-  4. the floor: the touched experts' bytes (kernels.cost.moe_cost) / the measured read bandwidth
+  4. the floor: the touched experts' bytes (tuner_kernels.cost.moe_cost) / the measured read bandwidth
      of artifacts/devices/nvidia-h200.json (falls back to tuner.device's spec);
   5. where the best config's time goes: the align step (torch ops), the up GEMM, the down GEMM
      and the reduce, each timed alone under the same protocol (their sum is not the launch's
@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from kernels import get_family, moe
+from tuner_kernels import get_family, moe
 from tuner import bench, parity
 from tuner.spaces import space_for
 

@@ -44,7 +44,7 @@ def one_param_variants(space, default: dict, shape: dict) -> list[tuple[str, obj
 def main() -> None:
     import torch
 
-    from kernels import get_family
+    from tuner_kernels import get_family
     from tuner.errors import CandidateFailure
     from tuner.parity import Checker
     from tuner.spaces import space_for

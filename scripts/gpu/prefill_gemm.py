@@ -5,7 +5,7 @@ Run by scripts/gpu/prefill_gemm.sh (its header says what it measures); alone:
 
 Per shape (Llama-3.1-8B linears at m = 128 ... 8192, NT, bf16): cold input sets (rotated past
 2 x L2, tuner.bench.make_input_sets), torch.matmul, the default config and the configs of
-kernels.candidates for that shape (the persistent-schedule ones among them) plus the default's
+tuner_kernels.candidates for that shape (the persistent-schedule ones among them) plus the default's
 tile on the persistent schedule (SCHEDULE 1 and 2, TMA 1), each timed with tuner.bench
 (CUDA-graph replays, median of group medians); the fastest paired against torch
 (tuner.bench.compare: speedup with its 95% interval) and judged by tuner.parity (the three
@@ -54,8 +54,8 @@ def main(argv=None) -> int:
     import torch
     import triton
 
-    from kernels import gemm
-    from kernels.candidates import candidate_configs
+    from tuner_kernels import gemm
+    from tuner_kernels.candidates import candidate_configs
     from tuner import bench, parity, rank, runtime
     from tuner.spaces import space_for
 

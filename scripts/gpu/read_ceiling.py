@@ -45,7 +45,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernels.common import sm_count  # noqa: E402
+from tuner_kernels.common import sm_count  # noqa: E402
 from tuner import bench, ceilings  # noqa: E402
 from tuner.device import measure_read_bandwidth  # noqa: E402
 

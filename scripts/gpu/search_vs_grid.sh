@@ -124,7 +124,7 @@ def replay_tpe(plan, table, n_budget, seed, target):
 
 def main():
     import optuna
-    from kernels.gemv import default_config
+    from tuner_kernels.gemv import default_config
     from tuner import search
     from tuner.spaces import space_for
 

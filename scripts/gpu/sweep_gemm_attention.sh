@@ -43,7 +43,7 @@ START = time.time()
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from kernels import attention, gemm  # noqa: E402
+from tuner_kernels import attention, gemm  # noqa: E402
 from tuner import bench  # noqa: E402
 from tuner.spaces import space_for  # noqa: E402
 

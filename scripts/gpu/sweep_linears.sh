@@ -14,7 +14,7 @@
 #      JITFunction.warmup on meta tensors, the launches then hit the in-memory cache; compiles
 #      not started within SWEEP_PRECOMPILE_S, default 150 s, happen at first launch);
 #   2. per case: torch (F.linear's cuBLAS path: the family baseline), the family default and the
-#      known candidate lists (kernels/candidates.py) per variant (gemv: FMA, FMA with a register
+#      known candidate lists (tuner_kernels/candidates.py) per variant (gemv: FMA, FMA with a register
 #      double buffer (num_stages 2, "fma-pref"), FMA pipelined by cp.async (3-4, "fma-pipe"),
 #      USE_DOT 1 tl.dot ("dot"), USE_DOT 2 swap-AB wgmma/TMA kernel ("skinny"); gemm:
 #      the tiled kernel with / without TMA, SWAP_AB 1 skinny kernel with / without TMA; split-K
@@ -66,8 +66,8 @@ START = time.time()
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from kernels import gemm, gemv  # noqa: E402
-from kernels.candidates import candidate_configs  # noqa: E402
+from tuner_kernels import gemm, gemv  # noqa: E402
+from tuner_kernels.candidates import candidate_configs  # noqa: E402
 from tuner import bench, parity  # noqa: E402
 from tuner.spaces import space_for  # noqa: E402
 
@@ -183,7 +183,7 @@ def short(config: dict) -> str:
 
 
 def candidates(family, shape: dict) -> list[dict]:
-    """The default, then the family's known configs (kernels/candidates.py: the lists a search
+    """The default, then the family's known configs (tuner_kernels/candidates.py: the lists a search
     queues first) that the cuda space allows."""
     space = space_for(family.name, "cuda")
     default = family.default_config(shape, "cuda", sm_count=SMS)

@@ -60,7 +60,7 @@ TABLE_BUDGET_S="$TABLE_BUDGET_S" timeout $((TABLE_BUDGET_S + 90)) python - <<'EO
 import math, os, sys, time, traceback
 import torch
 
-from kernels import get_family
+from tuner_kernels import get_family
 from tuner import bench, parity, device
 from tuner.spaces import space_for
 

@@ -192,7 +192,7 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
     tuner::moe calls are the same calls of the same step, at the shape serving resolved."""
     import os
 
-    from kernels import get_family
+    from tuner_kernels import get_family
 
     from .. import runtime
 

@@ -21,7 +21,7 @@ def device_flag(p, what: str) -> None:
 
 
 def family_flag(p, default: str | None = "gemv", what: str = "kernel family to tune") -> None:
-    import kernels
+    import tuner_kernels as kernels
 
     names = ", ".join(kernels.family_names())
     p.add_argument("--family", default=default, metavar="NAME",

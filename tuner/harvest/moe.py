@@ -2,7 +2,7 @@
 
 A MoE call is the outermost MoE op (config.MOE_OPS: vLLM's `vllm::moe_forward`, the engines'
 `*::outplace_fused_experts` / `*::inplace_fused_experts`, tuner.serving's `tuner::moe`). Its
-shape is what the kernels/moe.py family reads off a ShapeTable row of family `moe`: m tokens,
+shape is what the tuner_kernels/moe.py family reads off a ShapeTable row of family `moe`: m tokens,
 n = the intermediate size, k = the hidden size, the experts and the top-k, and the weights'
 dtype. Each field comes from the dims of the call's op or of the ops inside it:
 

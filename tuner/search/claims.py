@@ -13,7 +13,7 @@ proposed. "Earlier" is (``datetime_start``, number); with several hosts it is as
 clocks. The seven rules, each implemented once, here:
 
 1. **Queue seeding** (`seed_queue`): a new study's queue gets the default config first
-   (``role: default``), then the family's known configs (``role: known``, kernels/candidates.py),
+   (``role: default``), then the family's known configs (``role: known``, tuner_kernels/candidates.py),
    then the sampler's startup configs (grid: every other valid config). Only the
    supervisor that created the study seeds it; another one waits for the ``queue_seeded`` study
    attr (while the queue keeps growing, or at most SEED_WAIT_S after it stopped growing: then

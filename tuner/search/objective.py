@@ -83,7 +83,7 @@ class GpuObjective:
 
     def __init__(self, plan: "StudyPlan", *, device=None, cache: str = "cold",
                  groups: int | None = None, replays: int | None = None):
-        from kernels import get_family
+        from tuner_kernels import get_family
 
         self.plan = plan
         self.family = get_family(plan.family)

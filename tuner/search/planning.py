@@ -52,7 +52,7 @@ class StudyPlan:
     default_config: dict
     weight: float  # headroom µs per token: the share of the time budget
     valid_keys: tuple[str, ...]  # every config the space allows, as config_key strings
-    known_keys: tuple[str, ...] = ()  # kernels.candidates' configs the space allows (queued first)
+    known_keys: tuple[str, ...] = ()  # tuner_kernels.candidates' configs the space allows (queued first)
     parity_mode: str = DEFAULT_GATE  # the gate that makes a trial feasible (tuner.parity)
     attrs: dict = field(default_factory=dict)  # calls_per_step, step_us, step_basis, hit_rate, ...
     parity_margin: float = DEFAULT_MARGIN
@@ -104,7 +104,7 @@ def valid_params(plan: StudyPlan) -> list[dict]:
 
 
 def known_params(plan: StudyPlan) -> list[dict]:
-    """The plan's known configs (kernels/candidates.py), as the searched parameters only."""
+    """The plan's known configs (tuner_kernels/candidates.py), as the searched parameters only."""
     return [{k: c[k] for k in plan.space.params} for c in map(json.loads, plan.known_keys)]
 
 
@@ -115,7 +115,7 @@ def make_plan(*, family: str, shape: dict, shape_key: str, device_key: str, back
     """A plan for one shape; checks the space and the default config. Under the `kernel` gate
     only configs that can pass are searched: the space's order parameters stay at the default
     config's values (its output class, as far as the space declares). `known_configs`
-    (partial configs, kernels.candidates) become the plan's known configs where the space allows
+    (partial configs, tuner_kernels.candidates) become the plan's known configs where the space allows
     them."""
     default = dict(default_config)
     if parity_mode == "kernel":
@@ -142,7 +142,7 @@ def make_plan(*, family: str, shape: dict, shape_key: str, device_key: str, back
 # ------------------------------------------------------------------------------- the planner
 def family_rows(table, family: str):
     """The table's rows that the kernel family serves (its `shape_from_row` accepts them)."""
-    from kernels import get_family
+    from tuner_kernels import get_family
 
     fam = get_family(family)
     return table[[fam.shape_from_row(r) is not None for _, r in table.iterrows()]].reset_index(drop=True)
@@ -169,7 +169,7 @@ def plan_shapes(judged, family: str):
     step_basis ("wall" or "gpu_busy"), hit_rate, weight (headroom, or the smallest known one
     for a shape the budget could not judge). Largest headroom first."""
     import pandas as pd
-    from kernels import get_family
+    from tuner_kernels import get_family
 
     fam = get_family(family)
     shapes = [with_row_measure_keys(fam.shape_from_row(r), r) for _, r in judged.iterrows()]
@@ -221,8 +221,8 @@ def study_plans(planned, family: str, profile, *, device_key: str | None = None,
                 ) -> tuple[list[StudyPlan], list[tuple[str, str]]]:
     """A StudyPlan per planned shape (`plan_shapes`), named for `device_key` (default: the
     profile's); shapes without any valid config come back as skipped."""
-    from kernels import get_family
-    from kernels.candidates import candidate_configs
+    from tuner_kernels import get_family
+    from tuner_kernels.candidates import candidate_configs
     from tuner import spaces
 
     fam = get_family(family)

@@ -3,7 +3,7 @@
 Every kernel parameter is a list of choices (per-parameter ``suggest_categorical``), so:
 
 Every study's queue starts with the default config and the family's known configs
-(kernels/candidates.py: measured winners and their neighbours), whatever the sampler.
+(tuner_kernels/candidates.py: measured winners and their neighbours), whatever the sampler.
 
 - ``tpe`` (default): multivariate TPE with ``constant_liar`` (parallel workers on one study do not
   all propose the same point); its startup trials are random *valid* configs from the queue

@@ -31,7 +31,7 @@ def check_gpu_stack(family: str) -> None:
     try:
         importlib.import_module("tuner.bench")
         importlib.import_module("tuner.parity")
-        importlib.import_module(f"kernels.{family}")
+        importlib.import_module(f"tuner_kernels.{family}")
     except ImportError as exc:
         raise TunerError(f"the GPU objective cannot load: {exc}") from None
 

@@ -294,7 +294,7 @@ def _compile_ahead(args: WorkerArgs, studies: dict):
     threads = int(args.settings.compile_threads or 0)
     if threads <= 0 or not args.plans:
         return None
-    from kernels import get_family
+    from tuner_kernels import get_family
 
     from ..precompile import CompileAhead
 

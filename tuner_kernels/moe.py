@@ -12,9 +12,12 @@ and its top-k are not part of the family: they come as inputs, as they do to the
 The structure is the one the serving engines' fused MoE Triton kernel has, so that a config
 (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, num_stages) means the same tiling here and there:
 
-1. ``align`` (torch ops, fixed sizes, no host sync: graph-capturable): the m · topk (token, expert)
-   pairs sorted by expert, each expert's run padded to a multiple of BLOCK_SIZE_M with the
-   sentinel m · topk; one expert id per block; the padded total as a 1-element tensor.
+1. align: the m · topk (token, expert) pairs sorted by expert, each expert's run padded to a
+   multiple of BLOCK_SIZE_M with the sentinel m · topk; one expert id per block; the padded total
+   as a 1-element tensor. ``moe_align_kernel`` does it in one launch of one program (the
+   engines' ``moe_align_block_size``) up to ALIGN_MAX_PAIRS pairs and ALIGN_MAX_EXPERTS experts
+   (decode); above, ``align`` does it with torch ops of fixed sizes (a dozen launches, no host
+   sync). Both give the same bytes and are graph-capturable.
 2. ``moe_gemm_kernel`` (up): each program takes one BLOCK_SIZE_M block of sorted pairs (all one
    expert) and a BLOCK_SIZE_N slice of w1's 2 · inter rows; writes the [m · topk, 2 · inter]
    intermediate, row = pair index. Blocks past the padded total return at once.
@@ -32,7 +35,7 @@ torch loop over all E experts with the routing weight as a dense [m, E] mask (tr
 eager loop without its host syncs, which no graph can capture). ``baseline`` is the grouped one
 where it runs, else the loop. ``reference``: fp32 throughout, per expert.
 
-Bytes: kernels.cost.moe_cost (x read, the touched experts' weights read once, out written; the
+Bytes: tuner_kernels.cost.moe_cost (x read, the touched experts' weights read once, out written; the
 touched count is the expected number of distinct experts m tokens pick at random).
 """
 
@@ -47,19 +50,67 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import COMMON_SOURCES, KernelFamily, format_shape_key
-from kernels.common import DTYPES, KernelCall, launch_options, pow2_at_least, row_value, tensor_backend
-from kernels.cost import dtype_bytes, moe_cost
+from tuner_kernels import COMMON_SOURCES, KernelFamily, format_shape_key
+from tuner_kernels.common import DTYPES, KernelCall, launch_options, pow2_at_least, row_value, tensor_backend
+from tuner_kernels.cost import dtype_bytes, moe_cost
 
-__all__ = ["FAMILY", "ENGINE_KEYS", "REDUCE_BLOCK", "align", "baseline", "bytes_moved",
+__all__ = ["ALIGN_MAX_EXPERTS", "ALIGN_MAX_PAIRS", "FAMILY", "ENGINE_KEYS", "REDUCE_BLOCK",
+           "align", "align_in_kernel", "baseline", "bytes_moved",
            "default_config", "flops", "grouped_baseline", "grouped_mm_available", "launch",
-           "launch_plan", "loop_baseline", "make_inputs", "max_padded", "moe_gemm_kernel",
+           "launch_plan", "loop_baseline", "make_inputs", "max_padded", "moe_align_kernel",
+           "moe_gemm_kernel",
            "moe_reduce_kernel", "reference", "shape_from_row", "shape_key"]
 
 # The config keys the engines' fused MoE kernel reads (vLLM, SGLang tuned-config files).
 ENGINE_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
                "num_stages")
 REDUCE_BLOCK = 256
+ALIGN_MAX_PAIRS = 4096    # moe_align_kernel's reach: one program loops over the pairs in chunks
+ALIGN_MAX_EXPERTS = 1024  # its [ALIGN_CHUNK, experts] one-hot tiles
+ALIGN_CHUNK = 32
+
+
+@triton.jit
+def moe_align_kernel(ids_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, experts,
+                     slots, blocks, BLOCK_SIZE_M: tl.constexpr, E_BLOCK: tl.constexpr,
+                     CHUNK: tl.constexpr):
+    """`align` in one program (grid (1,)): the same three outputs, byte for byte. ids_ptr: the
+    flat topk ids (pair p = t * topk + j). Pass 1 counts each expert's pairs; the padded runs'
+    starts are their exclusive prefix sum. The sentinel fill and the block experts come next, a
+    barrier, then pass 2 scatters pair p to start[e] + (pairs of e before p), ascending in p as
+    the stable sort: a running count per expert across chunks, a triangular compare inside one."""
+    e = tl.arange(0, E_BLOCK)
+    lane = tl.arange(0, CHUNK)
+    counts = tl.zeros([E_BLOCK], dtype=tl.int32)
+    for start in range(0, num_pairs, CHUNK):
+        p = start + lane
+        ids = tl.load(ids_ptr + p, mask=p < num_pairs, other=-1).to(tl.int32)
+        counts += tl.sum((ids[:, None] == e[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M * BLOCK_SIZE_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    tl.store(total_ptr, tl.sum(padded, axis=0))
+    sentinel = tl.zeros([CHUNK], dtype=tl.int32) + num_pairs
+    for s0 in range(0, slots, CHUNK):
+        s = s0 + lane
+        tl.store(sorted_ids_ptr + s, sentinel, mask=s < slots)
+    for b0 in range(0, blocks, CHUNK):
+        b = b0 + lane
+        below = (ends[None, :] <= (b * BLOCK_SIZE_M)[:, None]) & (e[None, :] < experts)
+        expert = tl.minimum(tl.sum(below.to(tl.int32), axis=1), experts - 1)
+        tl.store(expert_ids_ptr + b, expert, mask=b < blocks)
+    tl.debug_barrier()  # the sentinels land before the pairs that overwrite some of them
+    running = starts
+    for start in range(0, num_pairs, CHUNK):
+        p = start + lane
+        valid = p < num_pairs
+        ids = tl.load(ids_ptr + p, mask=valid, other=-1).to(tl.int32)
+        hit = (ids[:, None] == e[None, :]).to(tl.int32)
+        base = tl.sum(hit * running[None, :], axis=1)
+        earlier = (ids[:, None] == ids[None, :]) & (lane[None, :] < lane[:, None])
+        position = base + tl.sum(earlier.to(tl.int32), axis=1)
+        tl.store(sorted_ids_ptr + position, p, mask=valid)
+        running += tl.sum(hit, axis=0)
 
 
 @triton.jit
@@ -227,10 +278,18 @@ def align(topk_ids: torch.Tensor, experts: int, block_m: int):
     return sorted_ids, expert_ids.to(torch.int32), ends[-1:].to(torch.int32)
 
 
+def align_in_kernel(pairs: int, experts: int) -> bool:
+    """Whether a call's align step is moe_align_kernel (one launch) rather than `align`'s torch
+    ops: up to ALIGN_MAX_PAIRS (token, expert) pairs and ALIGN_MAX_EXPERTS experts."""
+    return pairs <= ALIGN_MAX_PAIRS and experts <= ALIGN_MAX_EXPERTS
+
+
 def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
                 backend: str | None = None) -> tuple[torch.Tensor, list[KernelCall]]:
-    """The output and the three kernel calls (up, down, reduce). `align` runs here (torch ops);
-    on 'meta' tensors its results are placeholders of the right sizes (offline compiles)."""
+    """The output and the kernel calls: align (moe_align_kernel where `align_in_kernel`), up,
+    down, reduce. Above the align kernel's reach `align` runs here (torch ops) and the plan has
+    three calls; on 'meta' tensors its outputs are placeholders of the right sizes (offline
+    compiles)."""
     x, w1, w2 = inputs["x"], inputs["w1"], inputs["w2"]
     ids, weights = inputs["topk_ids"], inputs["topk_weights"]
     m, hidden = x.shape
@@ -250,11 +309,19 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     opts = launch_options(config, backend or tensor_backend(x))
     slots = max_padded(pairs, experts, block_m)
     blocks = slots // block_m
-    if x.device.type == "meta":
-        sorted_ids = torch.empty(slots, dtype=torch.int32, device="meta")
-        expert_ids = torch.empty(blocks, dtype=torch.int32, device="meta")
-        total = torch.empty(1, dtype=torch.int32, device="meta")
-    else:
+    calls = []
+    if x.device.type == "meta" or align_in_kernel(pairs, experts):
+        sorted_ids = torch.empty(slots, dtype=torch.int32, device=x.device)
+        expert_ids = torch.empty(blocks, dtype=torch.int32, device=x.device)
+        total = torch.empty(1, dtype=torch.int32, device=x.device)
+    if align_in_kernel(pairs, experts):
+        calls.append(KernelCall(
+            moe_align_kernel, (1,),
+            (ids.contiguous().view(-1), sorted_ids, expert_ids, total, pairs, experts, slots,
+             blocks),
+            dict(BLOCK_SIZE_M=block_m, E_BLOCK=pow2_at_least(experts), CHUNK=ALIGN_CHUNK),
+            {"num_warps": 4}))
+    elif x.device.type != "meta":
         sorted_ids, expert_ids, total = align(ids, experts, block_m)
     weights = weights.reshape(-1)
     mid = torch.empty((pairs, two_inter), device=x.device, dtype=x.dtype)
@@ -278,7 +345,7 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     reduce = KernelCall(moe_reduce_kernel, (m, triton.cdiv(hidden, REDUCE_BLOCK)),
                         (ws, out, hidden, pairs * hidden),
                         dict(TOPK=topk, SPLIT_K=split_k, BLOCK=REDUCE_BLOCK), {"num_warps": 4})
-    return out, [up, down, reduce]
+    return out, calls + [up, down, reduce]
 
 
 def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:

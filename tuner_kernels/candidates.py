@@ -23,7 +23,7 @@ from .common import sm_count as device_sm_count
 
 __all__ = ["candidate_configs", "split_counts"]
 
-GEMV_DOT_ROWS = 16  # kernels.gemv.DOT_ROWS (not imported: importing a family compiles nothing,
+GEMV_DOT_ROWS = 16  # tuner_kernels.gemv.DOT_ROWS (not imported: importing a family compiles nothing,
 # but keeps this module out of the families' way; tests/test_candidates.py checks they agree)
 
 
@@ -49,7 +49,7 @@ def split_counts(programs: int, k: int, block_k: int, min_tiles_per_split: int, 
 
 
 def _gemv(shape: dict, sms: int) -> list[dict]:
-    """m = 1..8 (kernels.gemv): FMA, FMA with register / cp.async stages, tl.dot, swap-AB wgmma."""
+    """m = 1..8 (tuner_kernels.gemv): FMA, FMA with register / cp.async stages, tl.dot, swap-AB wgmma."""
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
 
     def fma(r, bk, w, s=1):
@@ -92,7 +92,7 @@ def _gemv(shape: dict, sms: int) -> list[dict]:
 
 
 def _gemm(shape: dict, sms: int) -> list[dict]:
-    """m >= 9 (kernels.gemm): the tiled kernel's narrow and wgmma tiles, the swap-AB skinny
+    """m >= 9 (tuner_kernels.gemm): the tiled kernel's narrow and wgmma tiles, the swap-AB skinny
     kernel (weight rows on wgmma's M side) with the deepest TMA pipeline that fits."""
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
     bm = max(16, min(64 if m < 128 else 128, pow2_at_least(m)))
@@ -167,7 +167,7 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
 
 def _balanced(family: str, shape: dict, raw: list[dict], sms: int) -> list[dict]:
     """BALANCE_N = 1 twins of the skinny candidates whose tiles leave multiprocessors idle: the
-    same tile, fewer rows a program, whole waves (kernels/skinny.py; the same bytes)."""
+    same tile, fewer rows a program, whole waves (tuner_kernels/skinny.py; the same bytes)."""
     from .skinny import balanced_rows
 
     out = []

@@ -17,7 +17,7 @@ cp.async pipeline through a loop-level num_stages (W and x tiles staged in share
 three sum in the same order (same output bytes).
 
 USE_DOT picks the kernel: 0 the FMA kernel above; 1 `_gemv_dot_kernel` (x padded to 16 rows,
-tl.dot(x, Wᵀ), mma.sync on sm90); 2 the swap-AB skinny kernel of kernels/skinny.py (W · xᵀ with
+tl.dot(x, Wᵀ), mma.sync on sm90); 2 the swap-AB skinny kernel of tuner_kernels/skinny.py (W · xᵀ with
 the W rows as wgmma's M side, W through TMA stages on sm90; pointer loads on hip), which the gemm
 family also uses (SWAP_AB = 1).
 
@@ -34,10 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import COMMON_SOURCES, KernelFamily, format_shape_key, skinny
-from kernels.common import DTYPES, KernelCall, cdiv, interpreting, launch_options, tensor_backend
-from kernels.common import sm_count as common_sm_count
-from kernels.cost import gemm_cost
+from tuner_kernels import COMMON_SOURCES, KernelFamily, format_shape_key, skinny
+from tuner_kernels.common import DTYPES, KernelCall, cdiv, interpreting, launch_options, tensor_backend
+from tuner_kernels.common import sm_count as common_sm_count
+from tuner_kernels.cost import gemm_cost
 
 __all__ = ["DOT_ROWS", "FAMILY", "HIP_OPTIONS", "KERNEL_PARAMS", "LAUNCH_OPTIONS", "MAX_M",
            "OPTIONAL_PARAMS", "REDUCE_BLOCK_N", "SKINNY_SOURCE", "baseline", "bytes_moved",
@@ -47,7 +47,7 @@ __all__ = ["DOT_ROWS", "FAMILY", "HIP_OPTIONS", "KERNEL_PARAMS", "LAUNCH_OPTIONS
 MAX_M = 8
 KERNEL_PARAMS = ("ROWS_PER_BLOCK", "BLOCK_K", "SPLIT_K")
 OPTIONAL_PARAMS = ("USE_DOT", "BALANCE_N")  # USE_DOT 0 (default): FMA + row sums; 1: tl.dot
-# variant; 2: skinny. BALANCE_N 1: the skinny kernel's balanced rows (kernels/skinny.py)
+# variant; 2: skinny. BALANCE_N 1: the skinny kernel's balanced rows (tuner_kernels/skinny.py)
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 HIP_OPTIONS = ("waves_per_eu",)
 REDUCE_BLOCK_N = 1024
@@ -309,7 +309,7 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
         part = torch.empty((split_k, m, n), device=x.device, dtype=torch.float32)
     use_dot = int(config.get("USE_DOT", 0))
     has_bias = bias is not None
-    if use_dot == 2:  # the swap-AB skinny kernel (kernels/skinny.py): W is the MMA's M side
+    if use_dot == 2:  # the swap-AB skinny kernel (tuner_kernels/skinny.py): W is the MMA's M side
         target, stride_cs, stride_cm = (out, 0, out.stride(0)) if split_k == 1 else (part, m * n, n)
         kernel, grid, args, meta, options = skinny.plan(
             weight, x, target, bias, block_n=rows, block_m=DOT_ROWS, block_k=block_k,

@@ -291,7 +291,7 @@ def compile_config(family: str, shape: dict, config: dict, target,
 
     Needs a process where triton.language was imported without TRITON_INTERPRET=1;
     `compile_configs` runs a child process otherwise."""
-    module = importlib.import_module(f"kernels.{family}")
+    module = importlib.import_module(f"tuner_kernels.{family}")
     inputs = module.make_inputs(shape, "meta")
     backend = "hip" if target.backend == "hip" else "cuda"
     _, calls = module.launch_plan(inputs, config, backend=backend)
@@ -331,7 +331,7 @@ def compile_configs(family: str, jobs: list[tuple[dict, dict]], target,
         return _compile_in_process(family, jobs, target, with_asm)
     request = {"family": family, "jobs": [list(job) for job in jobs], "with_asm": with_asm,
                "target": [target.backend, target.arch, target.warp_size]}
-    rows = run_without_interpreter("kernels.common:_compile_request", request)
+    rows = run_without_interpreter("tuner_kernels.common:_compile_request", request)
     return [row if isinstance(row, str) else [CompileReport(**r) for r in row] for row in rows]
 
 

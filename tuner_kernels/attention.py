@@ -25,10 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import COMMON_SOURCES, KernelFamily, format_shape_key
-from kernels.common import (DTYPES, KernelCall, launch_options, pow2_at_least,
+from tuner_kernels import COMMON_SOURCES, KernelFamily, format_shape_key
+from tuner_kernels.common import (DTYPES, KernelCall, launch_options, pow2_at_least,
                             row_value, tensor_backend)
-from kernels.cost import attention_cost
+from tuner_kernels.cost import attention_cost
 
 __all__ = ["FAMILY", "LOG2E", "baseline", "bytes_moved", "combine_kernel",
            "decode_attention_kernel", "default_config", "flops", "kv_bytes", "launch",

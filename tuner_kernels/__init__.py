@@ -2,8 +2,8 @@
 
 Every family module (gemv, gemm, attention, moe) defines ``FAMILY = KernelFamily(...)``; the pipeline
 (bench, parity, search, rank, export, serving) only ever talks to a family through it, so no stage
-special-cases one. Shared host-side helpers live in `kernels.common`, the byte / flop model in
-`kernels.cost`. This module imports neither torch nor triton (a family module does, when it is
+special-cases one. Shared host-side helpers live in `tuner_kernels.common`, the byte / flop model in
+`tuner_kernels.cost`. This module imports neither torch nor triton (a family module does, when it is
 first asked for), and nothing in `kernels` imports the `tuner` pipeline at module level.
 """
 
@@ -19,10 +19,10 @@ __all__ = ["COMMON_SOURCES", "FAMILY_MODULES", "KernelFamily", "family_names", "
            "get_family"]
 
 FAMILY_MODULES = {
-    "gemv": "kernels.gemv",
-    "gemm": "kernels.gemm",
-    "attention": "kernels.attention",
-    "moe": "kernels.moe",
+    "gemv": "tuner_kernels.gemv",
+    "gemm": "tuner_kernels.gemm",
+    "attention": "tuner_kernels.attention",
+    "moe": "tuner_kernels.moe",
 }
 
 _HERE = Path(__file__).resolve().parent
@@ -49,7 +49,7 @@ class KernelFamily:
     - ``baseline(inputs) -> Tensor``: the path serving uses today (torch / cuBLAS / hipBLASLt).
     - ``reference(inputs) -> Tensor``: a high-precision (fp32 or better) result.
     - ``bytes_moved(shape)`` / ``flops(shape)``: each input read once, the output written once
-      (kernels.cost).
+      (tuner_kernels.cost).
     - ``shape_from_row(row) -> dict | None``: a ShapeTable row to this family's shape dict, or
       None when the row is not this family's.
     - ``shape_key(shape) -> str``: a stable string such as ``m=1,n=4096,k=4096,dtype=bfloat16``.

@@ -15,7 +15,7 @@ over SPLIT_K programs writing fp32 partials; a second kernel sums them in a fixe
 result is deterministic, no atomics), num_warps, num_stages; on hip also waves_per_eu,
 matrix_instr_nonkdim, kpack (Triton HIP compile options, passed as launch keyword arguments);
 on cuda also TMA (read A and B through tensor descriptors, `gemm_tma_kernel`); SWAP_AB = 1 runs
-the swap-AB skinny kernel of kernels/skinny.py instead (decode batch sizes: the weight rows on the
+the swap-AB skinny kernel of tuner_kernels/skinny.py instead (decode batch sizes: the weight rows on the
 MMA's M side; TMA = 1 takes its descriptor form). SCHEDULE (prefill-sized m): 0 launches one
 program per output tile; 1 launches `gemm_persistent_kernel`, min(multiprocessors, tiles) programs
 that each walk tiles in grouped order (a persistent tile scheduler: no tail wave, tile setup
@@ -25,7 +25,7 @@ the epilogue subtiled (the accumulator stored as two halves along N). Persistent
 with masks (or by the descriptors' zero fill).
 
 Also here: `launch_plan` (the kernel calls of a config, also on meta tensors, which is how
-kernels.common compiles a config for a GPU target on a CPU host). Serving code reaches the
+tuner_kernels.common compiles a config for a GPU target on a CPU host). Serving code reaches the
 kernels through tuner.serving. See docs/kernels.md.
 """
 
@@ -38,10 +38,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import COMMON_SOURCES, KernelFamily, format_shape_key, skinny
-from kernels.common import (DTYPES, KernelCall, launch_options, pow2_at_least,
+from tuner_kernels import COMMON_SOURCES, KernelFamily, format_shape_key, skinny
+from tuner_kernels.common import (DTYPES, KernelCall, launch_options, pow2_at_least,
                             row_value, sm_count, tensor_backend)
-from kernels.cost import gemm_cost
+from tuner_kernels.cost import gemm_cost
 
 __all__ = ["FAMILY", "LAYOUTS", "REDUCE_BLOCK", "baseline", "bytes_moved", "default_config",
            "flops", "gemm_kernel", "gemm_persistent_kernel", "gemm_tma_kernel", "launch", "launch_plan", "make_inputs",
@@ -350,7 +350,7 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     use_tma = int(config.get("TMA", 0)) == 1 and (backend or tensor_backend(a)) in ("cuda", "cpu")
     b_is_weight = b.dim() == 2 and b.stride(0) == 1  # the [k, n] view of a row-major [n, k] weight
     if int(config.get("SWAP_AB", 0)) == 1 and a.dim() == 2 and b.dim() == 2:
-        # out^T = W . A^T with the weight rows as the MMA's M side (kernels/skinny.py); batched
+        # out^T = W . A^T with the weight rows as the MMA's M side (tuner_kernels/skinny.py); batched
         # (bmm) shapes keep the tiled kernel
         kernel, sk_grid, args, sk_meta, sk_opts = skinny.plan(
             b.t(), a, target, None, block_n=block_n, block_m=block_m, block_k=block_k,

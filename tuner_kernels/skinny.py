@@ -13,8 +13,8 @@ tiles keeps many bytes in flight with few registers. The fp32 accumulator is [BL
 (BLOCK_M / (threads / BLOCK_N) values a thread), stored transposed into out[m, n].
 
 Used by two families, selected by a config parameter (serving and the pipeline see no change):
-`kernels.gemv` (USE_DOT = 2: m = 1..8, x padded to BLOCK_M = 16 rows, bias fused) and
-`kernels.gemm` (SWAP_AB = 1: m > 8, layout-agnostic through strides; TMA = 1 takes the
+`tuner_kernels.gemv` (USE_DOT = 2: m = 1..8, x padded to BLOCK_M = 16 rows, bias fused) and
+`tuner_kernels.gemm` (SWAP_AB = 1: m > 8, layout-agnostic through strides; TMA = 1 takes the
 descriptor kernel where A is row-major and B is the [k, n] view of a row-major weight).
 
 Balanced rows (BALANCE_N = 1 in both families' configs): each program owns ROWS <= BLOCK_N
@@ -39,7 +39,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.common import sm_count
+from tuner_kernels.common import sm_count
 
 __all__ = ["balanced_rows", "descriptor_ok", "plan", "skinny_kernel", "skinny_tma_kernel"]
 
