@@ -501,3 +501,15 @@ def test_harvest_cli_topk(grouped_trace, tmp_path, capsys):
     assert rc == 0 and "--topk 2: 12 aten::_grouped_mm call(s) read as 6 moe call(s)" in err
     df = shapetable.read(tmp_path / "t.parquet")
     assert sorted(df[df.family == "moe"].m) == [3, 15]
+
+
+def test_tuner_ab_reads_the_top_k_its_traced_step_needs_from_the_config():
+    """`tuner ab --trace-only` prints the harvest command of its traces: with --topk K for a MoE
+    config (K = num_experts_per_tok), without it for a dense one or a harness module."""
+    from tuner import ab
+
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "ab"
+    assert ab.moe_topk(("hf", str(fixtures / "tiny_qwen3_moe.json"))) == 2
+    assert ab._topk_flag(("hf", str(fixtures / "tiny_qwen3_moe.json"))) == " --topk 2"
+    assert ab.moe_topk(("hf", str(fixtures / "tiny_llama_gqa.json"))) is None
+    assert ab._topk_flag(("module", "shapes/examples/qwen_live.py:QwenDecode")) == ""

@@ -34,7 +34,7 @@ from .verdict import (EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, paired_
                       step_words, summary_lines)
 
 __all__ = ["ABSettings", "ABVerdict", "AB_DIR", "check_phase", "default_baselines", "linear_floors",
-           "moe_attribution_note", "plan_lines", "projected_savings", "run"]
+           "moe_attribution_note", "moe_topk", "plan_lines", "projected_savings", "run"]
 
 AB_DIR = Path("artifacts") / "ab"
 
@@ -64,10 +64,10 @@ def plan_lines(spec: tuple[str, str], batches: list[int], settings: ABSettings,
 def _moe_plan(spec: tuple[str, str], settings: ABSettings) -> str:
     """'; the tuned arm routes its N MoE blocks ...' for a transformers MoE config (Qwen2/3-MoE,
     Mixtral: num_experts or num_local_experts) with moe among the families, else ''."""
-    if spec[0] != "hf" or "moe" not in settings.families:
+    config = _hf_config(spec)
+    if config is None or "moe" not in settings.families:
         return ""
     try:
-        config = json.loads(Path(spec[1]).read_text())
         experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
         topk = int(config["num_experts_per_tok"])
         hidden = int(config["hidden_size"])
@@ -75,7 +75,7 @@ def _moe_plan(spec: tuple[str, str], settings: ABSettings) -> str:
         layers = int(config["num_hidden_layers"])
         step = int(config.get("decoder_sparse_step") or 1)
         dense = set(config.get("mlp_only_layers") or ())
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return ""
     blocks = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
     if experts < 1 or blocks < 1:
@@ -302,7 +302,7 @@ def _trace_only(spec, batches, settings, out_root, timeout_s, out) -> int:
             raise TunerError(f"tracing {label} at batch {batch} failed: {child.reason}")
         paths = child.data["traces"]["baseline"]
         out(f"{label} batch {batch}: tuner harvest {paths['replay']} --capture {paths['capture']}"
-            + _kv_heads_flag(spec))
+            + _kv_heads_flag(spec) + _topk_flag(spec))
     return EXIT_PASS
 
 
@@ -310,15 +310,46 @@ def _kv_heads_flag(spec: tuple[str, str]) -> str:
     """' --kv-heads N' for a transformers config with grouped KV heads (the baseline step records
     its decode attention after repeat_kv; harvest reads it as the grouped call serving runs),
     else ''."""
-    if spec[0] != "hf":
-        return ""
+    config = _hf_config(spec)
     try:
-        config = json.loads(Path(spec[1]).read_text())
         heads = int(config["num_attention_heads"])
         kv_heads = int(config.get("num_key_value_heads") or heads)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return ""
     return f" --kv-heads {kv_heads}" if kv_heads < heads else ""
+
+
+def moe_topk(spec: tuple[str, str]) -> int | None:
+    """The top-k of a transformers MoE config (num_experts_per_tok, with num_experts or
+    num_local_experts), else None: what `tuner harvest --topk` needs to read the traced step's
+    grouped-mm experts (two aten::_grouped_mm calls a block) as one moe call each. tuner ab's
+    own attribution does not use it (docs/harvest.md: those calls' time leaves out the sort
+    and gather around them)."""
+    config = _hf_config(spec)
+    try:
+        if not int(config.get("num_experts") or config.get("num_local_experts") or 0):
+            return None
+        topk = int(config["num_experts_per_tok"])
+    except (AttributeError, ValueError, KeyError, TypeError):
+        return None
+    return topk if topk >= 1 else None
+
+
+def _topk_flag(spec: tuple[str, str]) -> str:
+    topk = moe_topk(spec)
+    return f" --topk {topk}" if topk else ""
+
+
+def _hf_config(spec: tuple[str, str]) -> dict | None:
+    """The transformers config of an --hf-config spec (a dict), else None (a harness module, or
+    a file that no longer reads: tuner ab checked it first)."""
+    if spec[0] != "hf":
+        return None
+    try:
+        config = json.loads(Path(spec[1]).read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def run(spec: tuple[str, str], *, batches: list[int], settings: ABSettings,
