@@ -62,6 +62,23 @@ def test_split_k_changes_the_sums_but_is_deterministic():
     assert rel_err(two, moe.reference(inputs)) < 8e-3 and rel_err(one, moe.reference(inputs)) < 8e-3
 
 
+@pytest.mark.parametrize("shape", [TINY, RAGGED], ids=["tiny", "ragged"])
+def test_a_split_up_projection_matches_the_reference_and_repeats_its_bytes(shape):
+    """SPLIT_K_UP splits hidden over programs writing fp32 partials of the intermediate, which
+    the down projection's A loads sum in a fixed order: as close to fp32 as the unsplit launch
+    (the intermediate is not rounded to bf16 then), the same bytes run to run, and combined
+    with the down projection's own SPLIT_K."""
+    inputs = moe.make_inputs(shape, "cpu", seed=3)
+    ref = moe.reference(inputs)
+    one = moe.launch(inputs, BASE)
+    for split_up, split_k in ((2, 1), (2, 2), (3, 1)):
+        config = {**BASE, "SPLIT_K_UP": split_up, "SPLIT_K": split_k}
+        out = moe.launch(inputs, config)
+        assert torch.equal(out, moe.launch(inputs, config))
+        assert rel_err(out, ref) <= rel_err(one, ref) * 1.05 + 1e-4, (split_up, split_k)
+        assert rel_err(out, one.float()) < 8e-3
+
+
 @pytest.mark.parametrize("block_m", [1, 4, 16])
 def test_align_lists_every_pair_once_grouped_and_padded_by_expert(block_m):
     experts, m, topk = 7, 9, 3

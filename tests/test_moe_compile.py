@@ -22,13 +22,14 @@ SHAPES = [{"m": 1, "experts": 128, "topk": 8, "hidden": 2048, "inter": 768, "dty
 SAMPLES = {"cuda": 2, "hip": 1, "dcu": 1}
 # 5 stages of two 64x128 A tiles and a 128x256 B tile: 800 KB, far over sm90's 227 KB
 OVERFLOW = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 8,
-            "SPLIT_K": 1, "num_warps": 8, "num_stages": 5}
+            "SPLIT_K": 1, "SPLIT_K_UP": 1, "num_warps": 8, "num_stages": 5}
 
 
 def smem_estimate(config: dict) -> int:
     """search_spaces/moe.yaml's cuda pipeline-buffer estimate."""
     c = config
-    return c["num_stages"] * (2 * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_K"]
+    a_tiles = 1 if c.get("SPLIT_K_UP", 1) == 1 else 2 * c["SPLIT_K_UP"]
+    return c["num_stages"] * (2 * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_K"] * a_tiles
                               + c["BLOCK_SIZE_K"] * c["BLOCK_SIZE_N"]) * 2
 
 
@@ -39,7 +40,10 @@ def jobs(backend: str) -> list:
     out = []
     for shape in SHAPES:
         kept = space.configs(shape)
-        for config in [moe.default_config(shape, backend)] + rng.sample(kept, SAMPLES[backend]):
+        default = moe.default_config(shape, backend)
+        # the split up projection (fp32 partials summed by the down projection's A loads)
+        split_up = {**default, "SPLIT_K_UP": 4 if shape["m"] == 1 else 2}
+        for config in [default, split_up] + rng.sample(kept, SAMPLES[backend]):
             out.append((shape, config))
     if backend == "cuda":
         out.append((SHAPES[1], OVERFLOW))

@@ -14,11 +14,11 @@ SHAPES = [{"m": 1, "experts": 128, "topk": 8, "hidden": 2048, "inter": 768, "dty
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize("split_k,split_up", [(1, 1), (2, 1), (2, 4)])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"m{s['m']}")
-def test_a_captured_launch_replays_the_eager_bytes_on_new_routing(shape, split_k):
+def test_a_captured_launch_replays_the_eager_bytes_on_new_routing(shape, split_k, split_up):
     config = {**moe.default_config(shape, "hip" if torch.version.hip else "cuda"),
-              "SPLIT_K": split_k}
+              "SPLIT_K": split_k, "SPLIT_K_UP": split_up}
     static = moe.make_inputs(shape, "cuda", seed=0)
     out = torch.empty(shape["m"], shape["hidden"], dtype=torch.bfloat16, device="cuda")
     moe.launch(static, config, out=out)  # compiles before capture

@@ -257,7 +257,7 @@ def engine_moe_documents(doc: dict, engine: str) -> dict[str, dict]:
     """{path under <device>/<engine>/moe/: {"m": config}} for a moe export: one file per (E, N),
     keys the token counts the verdicts measured (ascending), values the six keys the engines'
     kernel reads. SGLang looks in a triton_<version> folder. Entries the engines' kernel cannot
-    run (SPLIT_K > 1) are left out with a warning; bf16 and fp16 share a file name, bf16 wins."""
+    run (SPLIT_K or SPLIT_K_UP > 1) are left out with a warning; bf16 and fp16 share a file name, bf16 wins."""
     if engine not in ENGINES:
         raise TunerError(f"unknown engine {engine!r}; expected {' or '.join(ENGINES)}")
     device = engine_device_name(doc["device"]["name"], engine)
@@ -270,9 +270,11 @@ def engine_moe_documents(doc: dict, engine: str) -> dict[str, dict]:
     owner: dict[tuple, dict] = {}
     for entry in entries:
         shape, config = entry["shape"], entry["config"]
-        if int(config.get("SPLIT_K", 1)) != 1:
-            warn(f"{engine} moe file: leaving out {shape} (SPLIT_K {config['SPLIT_K']}: the "
-                 f"engine's fused MoE kernel has no K split)")
+        splits = {k: int(config.get(k, 1)) for k in ("SPLIT_K", "SPLIT_K_UP")}
+        if any(v != 1 for v in splits.values()):
+            said = ", ".join(f"{k} {v}" for k, v in splits.items() if v != 1)
+            warn(f"{engine} moe file: leaving out {shape} ({said}: the engine's fused MoE "
+                 f"kernel has no K split)")
             continue
         name = folder + moe_config_file_name(shape["experts"], shape["inter"], device)
         slot = (name, int(shape["m"]))

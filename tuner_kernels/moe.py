@@ -20,11 +20,15 @@ The structure is the one the serving engines' fused MoE Triton kernel has, so th
    sync). Both give the same bytes and are graph-capturable.
 2. ``moe_gemm_kernel`` (up): each program takes one BLOCK_SIZE_M block of sorted pairs (all one
    expert) and a BLOCK_SIZE_N slice of w1's 2 · inter rows; writes the [m · topk, 2 · inter]
-   intermediate, row = pair index. Blocks past the padded total return at once.
-3. ``moe_gemm_kernel`` (down, ACT): the same tiling over w2; its A loads apply
-   silu(gate) · up in fp32 and round to the dtype (the engines' silu_and_mul, without its own
-   launch and round trip), multiply by the routing weight and write fp32 partials
-   [SPLIT_K, m · topk, hidden]. SPLIT_K (our addition, the down GEMM only) splits inter.
+   intermediate, row = pair index. Blocks past the padded total return at once. SPLIT_K_UP (our
+   addition) splits hidden over that many programs: the intermediate is then fp32 partials
+   [SPLIT_K_UP, m · topk, 2 · inter] (at m = 1 the up projection has only topk · 2 · inter /
+   BLOCK_SIZE_N programs to read most of the block's weight bytes).
+3. ``moe_gemm_kernel`` (down, ACT): the same tiling over w2; its A loads sum the intermediate's
+   SPLIT_K_UP partials in a fixed order, apply silu(gate) · up in fp32 and round to the weights'
+   dtype (the engines' silu_and_mul, without its own launch and round trip), multiply by the
+   routing weight and write fp32 partials [SPLIT_K, m · topk, hidden]. SPLIT_K (ours too) splits
+   inter.
 4. ``moe_reduce_kernel``: out[t] = the sum over j and the K splits, in a fixed order (no
    atomics: deterministic bytes), rounded once.
 
@@ -118,16 +122,19 @@ def moe_gemm_kernel(
     a_ptr, b_ptr, c_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr, padded_total_ptr,
     N, K, num_pairs, num_blocks_m,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cs, stride_cm, stride_cn,
+    stride_as,
     A_ROW_DIV: tl.constexpr, ACT: tl.constexpr, MUL_WEIGHT: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    A_SPLITS: tl.constexpr,
 ):
     """One BLOCK_SIZE_M block of sorted (token, expert) pairs times one BLOCK_SIZE_N slice of the
     expert's weight [N, K], over one K split. grid = (num_blocks_m * cdiv(N, BLOCK_SIZE_N), SPLIT_K).
 
     A row of pair p is a[p // A_ROW_DIV] (A_ROW_DIV = topk: the token's activations; 1: the pair's
-    intermediate row). ACT: a holds [gate | up] of width 2 K and the A operand is
-    silu(gate) * up (fp32, rounded to a's dtype). MUL_WEIGHT: scale rows by weights[p].
+    intermediate row). ACT: a holds [gate | up] of width 2 K, as A_SPLITS partials stride_as
+    apart (summed in order, fp32), and the A operand is silu(gate) * up (fp32, rounded to b's
+    dtype). MUL_WEIGHT: scale rows by weights[p].
     c is written at row p: c + split * stride_cs + p * stride_cm."""
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -173,7 +180,11 @@ def moe_gemm_kernel(
         if ACT:
             up = tl.load(a_ptrs + K * stride_ak, mask=a_mask, other=0.0).to(tl.float32)
             gate = a.to(tl.float32)
-            a = (gate / (1.0 + tl.exp(-gate)) * up).to(a_ptr.dtype.element_ty)
+            for s in tl.static_range(1, A_SPLITS):
+                gate += tl.load(a_ptrs + s * stride_as, mask=a_mask, other=0.0).to(tl.float32)
+                up += tl.load(a_ptrs + s * stride_as + K * stride_ak, mask=a_mask,
+                              other=0.0).to(tl.float32)
+            a = (gate / (1.0 + tl.exp(-gate)) * up).to(b_ptr.dtype.element_ty)
         b = tl.load(b_ptrs, mask=b_mask, other=0.0)
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_SIZE_K * stride_ak
@@ -306,6 +317,7 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     block_m, block_n, block_k = (int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"]),
                                  int(config["BLOCK_SIZE_K"]))
     group_m, split_k = int(config.get("GROUP_SIZE_M", 1)), int(config.get("SPLIT_K", 1))
+    split_up = int(config.get("SPLIT_K_UP", 1))
     opts = launch_options(config, backend or tensor_backend(x))
     slots = max_padded(pairs, experts, block_m)
     blocks = slots // block_m
@@ -324,24 +336,25 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     elif x.device.type != "meta":
         sorted_ids, expert_ids, total = align(ids, experts, block_m)
     weights = weights.reshape(-1)
-    mid = torch.empty((pairs, two_inter), device=x.device, dtype=x.dtype)
+    mid = torch.empty((split_up, pairs, two_inter), device=x.device,
+                      dtype=x.dtype if split_up == 1 else torch.float32)
     ws = torch.empty((split_k, pairs, hidden), device=x.device, dtype=torch.float32)
     meta = dict(BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, BLOCK_SIZE_K=block_k,
                 GROUP_SIZE_M=group_m)
     up = KernelCall(
-        moe_gemm_kernel, (blocks * triton.cdiv(two_inter, block_n), 1),
+        moe_gemm_kernel, (blocks * triton.cdiv(two_inter, block_n), split_up),
         (x, w1, mid, weights, sorted_ids, expert_ids, total, two_inter, hidden, pairs, blocks,
-         x.stride(0), x.stride(1), w1.stride(0), w1.stride(1), w1.stride(2), 0, mid.stride(0),
-         mid.stride(1)),
-        dict(A_ROW_DIV=topk, ACT=False, MUL_WEIGHT=False, SPLIT_K=1, EVEN_K=hidden % block_k == 0,
-             **meta), opts)
+         x.stride(0), x.stride(1), w1.stride(0), w1.stride(1), w1.stride(2), mid.stride(0),
+         mid.stride(1), mid.stride(2), 0),
+        dict(A_ROW_DIV=topk, ACT=False, MUL_WEIGHT=False, SPLIT_K=split_up,
+             EVEN_K=hidden % block_k == 0, A_SPLITS=1, **meta), opts)
     down = KernelCall(
         moe_gemm_kernel, (blocks * triton.cdiv(hidden, block_n), split_k),
         (mid, w2, ws, weights, sorted_ids, expert_ids, total, hidden, inter, pairs, blocks,
-         mid.stride(0), mid.stride(1), w2.stride(0), w2.stride(1), w2.stride(2), ws.stride(0),
-         ws.stride(1), ws.stride(2)),
+         mid.stride(1), mid.stride(2), w2.stride(0), w2.stride(1), w2.stride(2), ws.stride(0),
+         ws.stride(1), ws.stride(2), mid.stride(0)),
         dict(A_ROW_DIV=1, ACT=True, MUL_WEIGHT=True, SPLIT_K=split_k,
-             EVEN_K=inter % block_k == 0, **meta), opts)
+             EVEN_K=inter % block_k == 0, A_SPLITS=split_up, **meta), opts)
     reduce = KernelCall(moe_reduce_kernel, (m, triton.cdiv(hidden, REDUCE_BLOCK)),
                         (ws, out, hidden, pairs * hidden),
                         dict(TOPK=topk, SPLIT_K=split_k, BLOCK=REDUCE_BLOCK), {"num_warps": 4})
@@ -369,7 +382,7 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
     else:
         config = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8}
     config["BLOCK_SIZE_K"] = min(config["BLOCK_SIZE_K"], max(32, pow2_at_least(min(hidden, inter))))
-    config.update({"SPLIT_K": 1, "num_warps": 4, "num_stages": 2 if hip else 3})
+    config.update({"SPLIT_K": 1, "SPLIT_K_UP": 1, "num_warps": 4, "num_stages": 2 if hip else 3})
     if hip:
         config.update({"waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1})
     return config
