@@ -118,3 +118,16 @@ def test_the_wheel_carries_every_package_and_search_space(tmp_path):
     proc = run([venv / "bin" / "tuner", "estimate", "--saving-us", "3.1", "--calls-per-step", "48",
                 "--step-ms", "44"], cwd=elsewhere, env=env)
     assert "saving per token: 148.8 us" in proc.stdout
+
+
+def test_no_other_installed_distribution_ships_our_top_level_packages():
+    """A top-level package name that another installed distribution ships too shadows ours for
+    whichever comes first on sys.path: Hugging Face's `kernels` (a dependency of transformers
+    from 5.25) once shadowed this project's kernel package of that name, and the `tuner` console
+    script died on import. Here every name we ship is ours alone."""
+    import importlib.metadata
+
+    shipped = importlib.metadata.packages_distributions()
+    for name in ("tuner", "tuner_kernels", "search_spaces"):
+        others = sorted(set(shipped.get(name, [])) - {"kernel-tuner-service"})
+        assert not others, f"the top-level package {name!r} is also shipped by {others}"
