@@ -308,6 +308,16 @@ def test_a_crashing_arm_is_reported_with_its_stage(tmp_path, monkeypatch):
     assert "capture: tuned arm" in result.reason and "SIGSEGV" in result.reason
 
 
+def test_a_measurement_past_its_timeout_is_said_to_have_timed_out(tmp_path):
+    settings = ABSettings(batch=2, prompt=4, steps=2, groups=2, replays=1, device="cpu",
+                          reference=False, profile=False, families=("gemv",),
+                          out_dir=str(tmp_path / "ab"))
+    result = run_child(("callable", TINY), settings, tmp_path / "work", timeout_s=0.5)
+    assert not result.ok
+    assert result.reason.startswith("timed out: no result after 0.5s (at: ")
+    assert "tuner ab --timeout" in result.reason
+
+
 def test_ab_without_a_gpu_says_what_it_would_run(capsys):
     if ab._have_gpu():
         pytest.skip("this machine has a GPU")

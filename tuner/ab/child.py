@@ -68,7 +68,8 @@ def run_child(spec: tuple[str, str], settings, work: Path, timeout_s: float | No
                 proc.wait()
                 stage = _last_stage(progress)
                 return ChildResult(False, None, proc.returncode, stage,
-                                   f"no result after {timeout_s:.0f}s (at: {stage})",
+                                   f"timed out: no result after {timeout_s:g}s (at: {stage}; "
+                                   f"tuner ab --timeout gives each A/B longer)",
                                    time.time() - started)
     except KeyboardInterrupt:
         proc.kill()
