@@ -109,7 +109,7 @@ def _kernel_align(ids, experts, block_m):
            torch.full((1,), -7, dtype=torch.int32))
     moe.moe_align_kernel[(1,)](ids.contiguous().view(-1), *out, pairs, experts, slots,
                                slots // block_m, BLOCK_SIZE_M=block_m,
-                               E_BLOCK=1 << (experts - 1).bit_length(), CHUNK=moe.ALIGN_CHUNK)
+                               E_BLOCK=1 << (experts - 1).bit_length(), CHUNK=moe.align_chunk(experts))
     return out
 
 

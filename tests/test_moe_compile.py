@@ -89,3 +89,17 @@ def test_the_shared_memory_constraint_rejects_a_config_that_overflows():
     reports = compiled("cuda")[json.dumps([SHAPES[1], OVERFLOW], sort_keys=True)]
     # Triton refuses it (out of resources) or allocates more than an sm90 block has
     assert isinstance(reports, str) or max(r.shared for r in reports) > SHARED_LIMIT["cuda"]
+
+
+@pytest.mark.parametrize("backend", ["cuda", "hip"])
+def test_the_align_kernel_compiles_without_spills_up_to_its_expert_reach(backend):
+    """moe_align_kernel's one-hot tiles are [align_chunk(experts), experts], of one size whatever
+    the experts: up to ALIGN_MAX_EXPERTS it compiles for sm90 and gfx942 without spilling (32-pair
+    chunks spilled at 512 experts on sm90, at 1024 on gfx942)."""
+    shape = {"m": 64, "experts": moe.ALIGN_MAX_EXPERTS, "topk": 8, "hidden": 256, "inter": 128,
+             "dtype": "bfloat16"}
+    (reports,) = compile_configs("moe", [(shape, moe.default_config(shape, backend))],
+                                 TARGETS[backend])
+    assert not isinstance(reports, str), reports
+    (align,) = [r for r in reports if r.kernel == "moe_align_kernel"]
+    assert align.n_spills == 0 and align.n_regs > 0, align

@@ -54,7 +54,7 @@ def test_the_align_kernel_gives_the_torch_align_bytes_on_the_gpu(m):
            torch.full((1,), -7, dtype=torch.int32, device="cuda"))
     moe.moe_align_kernel[(1,)](ids.contiguous().view(-1), *got, pairs, experts, slots,
                                slots // block_m, BLOCK_SIZE_M=block_m, E_BLOCK=experts,
-                               CHUNK=moe.ALIGN_CHUNK)
+                               CHUNK=moe.align_chunk(experts))
     for name, want, have in zip(("sorted_ids", "expert_ids", "total"),
                                 moe.align(ids, experts, block_m), got):
         assert torch.equal(want.to(torch.int32), have), name

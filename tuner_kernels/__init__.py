@@ -4,7 +4,7 @@ Every family module (gemv, gemm, attention, moe) defines ``FAMILY = KernelFamily
 (bench, parity, search, rank, export, serving) only ever talks to a family through it, so no stage
 special-cases one. Shared host-side helpers live in `tuner_kernels.common`, the byte / flop model in
 `tuner_kernels.cost`. This module imports neither torch nor triton (a family module does, when it is
-first asked for), and nothing in `kernels` imports the `tuner` pipeline at module level.
+first asked for), and nothing in `tuner_kernels` imports the `tuner` pipeline at module level.
 """
 
 from __future__ import annotations

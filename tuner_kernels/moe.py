@@ -58,8 +58,8 @@ from tuner_kernels import COMMON_SOURCES, KernelFamily, format_shape_key
 from tuner_kernels.common import DTYPES, KernelCall, launch_options, pow2_at_least, row_value, tensor_backend
 from tuner_kernels.cost import dtype_bytes, moe_cost
 
-__all__ = ["ALIGN_MAX_EXPERTS", "ALIGN_MAX_PAIRS", "FAMILY", "ENGINE_KEYS", "REDUCE_BLOCK",
-           "align", "align_in_kernel", "baseline", "bytes_moved",
+__all__ = ["ALIGN_MAX_EXPERTS", "ALIGN_MAX_PAIRS", "ALIGN_TILE", "FAMILY", "ENGINE_KEYS",
+           "REDUCE_BLOCK", "align", "align_chunk", "align_in_kernel", "baseline", "bytes_moved",
            "default_config", "flops", "grouped_baseline", "grouped_mm_available", "launch",
            "launch_plan", "loop_baseline", "make_inputs", "max_padded", "moe_align_kernel",
            "moe_gemm_kernel",
@@ -70,8 +70,14 @@ ENGINE_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
                "num_stages")
 REDUCE_BLOCK = 256
 ALIGN_MAX_PAIRS = 4096    # moe_align_kernel's reach: one program loops over the pairs in chunks
-ALIGN_MAX_EXPERTS = 1024  # its [ALIGN_CHUNK, experts] one-hot tiles
-ALIGN_CHUNK = 32
+ALIGN_MAX_EXPERTS = 1024  # its one-hot tiles are [align_chunk(experts), experts]
+ALIGN_TILE = 4096  # elements of one one-hot tile: 32 pairs a chunk up to 128 experts, fewer above
+
+
+def align_chunk(experts: int) -> int:
+    """Pairs per chunk of moe_align_kernel: [chunk, experts] tiles of ALIGN_TILE elements (32
+    pairs up to 128 experts, 4 at 1024), so its registers do not grow with the expert count."""
+    return max(1, min(32, ALIGN_TILE // pow2_at_least(experts)))
 
 
 @triton.jit
@@ -137,7 +143,7 @@ def moe_gemm_kernel(
     dtype). MUL_WEIGHT: scale rows by weights[p].
     c is written at row p: c + split * stride_cs + p * stride_cm."""
     pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    pid_k = tl.program_id(1).to(tl.int64)  # split offsets: SPLIT_K * stride_cs can pass 2**31
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
     num_pid_in_group = GROUP_SIZE_M * num_pid_n
     group_id = pid // num_pid_in_group
@@ -181,9 +187,9 @@ def moe_gemm_kernel(
             up = tl.load(a_ptrs + K * stride_ak, mask=a_mask, other=0.0).to(tl.float32)
             gate = a.to(tl.float32)
             for s in tl.static_range(1, A_SPLITS):
-                gate += tl.load(a_ptrs + s * stride_as, mask=a_mask, other=0.0).to(tl.float32)
-                up += tl.load(a_ptrs + s * stride_as + K * stride_ak, mask=a_mask,
-                              other=0.0).to(tl.float32)
+                split = a_ptrs + s * stride_as.to(tl.int64)
+                gate += tl.load(split, mask=a_mask, other=0.0).to(tl.float32)
+                up += tl.load(split + K * stride_ak, mask=a_mask, other=0.0).to(tl.float32)
             a = (gate / (1.0 + tl.exp(-gate)) * up).to(b_ptr.dtype.element_ty)
         b = tl.load(b_ptrs, mask=b_mask, other=0.0)
         acc = tl.dot(a, b, acc)
@@ -331,7 +337,8 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
             moe_align_kernel, (1,),
             (ids.contiguous().view(-1), sorted_ids, expert_ids, total, pairs, experts, slots,
              blocks),
-            dict(BLOCK_SIZE_M=block_m, E_BLOCK=pow2_at_least(experts), CHUNK=ALIGN_CHUNK),
+            dict(BLOCK_SIZE_M=block_m, E_BLOCK=pow2_at_least(experts),
+                 CHUNK=align_chunk(experts)),
             {"num_warps": 4}))
     elif x.device.type != "meta":
         sorted_ids, expert_ids, total = align(ids, experts, block_m)

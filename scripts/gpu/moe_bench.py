@@ -78,17 +78,24 @@ PARTS = ("align", "up", "down", "reduce")
 
 def breakdown(shape: dict, config: dict, sets: list[dict]) -> dict:
     """µs of each part of one launch of `config` (PARTS), each timed alone on the same input
-    sets: the align step's torch ops, then the planned kernel calls one at a time."""
+    sets: the align step (moe_align_kernel where the plan has it, else the torch ops), then the
+    planned GEMM and reduce calls one at a time."""
     block_m = int(config["BLOCK_SIZE_M"])
     planned = [{**s, "calls": moe.launch_plan(s, config)[1]} for s in sets]
+    in_kernel = planned[0]["calls"][0].kernel is moe.moe_align_kernel
+    first = 1 if in_kernel else 0  # the up projection's index in the plan
 
     def align(inputs):
-        moe.align(inputs["topk_ids"], shape["experts"], block_m)
+        if in_kernel:
+            inputs["calls"][0].run()
+        else:
+            moe.align(inputs["topk_ids"], shape["experts"], block_m)
 
     def kernel(i):
         return lambda inputs: inputs["calls"][i].run()
 
-    fns = {"align": align, "up": kernel(0), "down": kernel(1), "reduce": kernel(2)}
+    fns = {"align": align, "up": kernel(first), "down": kernel(first + 1),
+           "reduce": kernel(first + 2)}
     return {name: bench.time_callable(fns[name], planned, groups=GROUPS, replays=REPLAYS,
                                       **TIMER).median_us for name in PARTS}
 
