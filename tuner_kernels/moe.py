@@ -143,7 +143,7 @@ def moe_gemm_kernel(
     dtype). MUL_WEIGHT: scale rows by weights[p].
     c is written at row p: c + split * stride_cs + p * stride_cm."""
     pid = tl.program_id(0)
-    pid_k = tl.program_id(1).to(tl.int64)  # split offsets: SPLIT_K * stride_cs can pass 2**31
+    pid_k = tl.program_id(1)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
     num_pid_in_group = GROUP_SIZE_M * num_pid_n
     group_id = pid // num_pid_in_group
@@ -199,7 +199,9 @@ def moe_gemm_kernel(
     if MUL_WEIGHT:
         scale = tl.load(weights_ptr + pairs, mask=pair_mask, other=0.0)
         acc = acc * scale[:, None]
-    c_ptrs = c_ptr + pid_k * stride_cs + pairs[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    # the split's offset in int64: SPLIT_K · stride_cs passes 2**31 at prefill sizes
+    c_ptrs = (c_ptr + pid_k.to(tl.int64) * stride_cs + pairs[:, None] * stride_cm
+              + offs_n[None, :] * stride_cn)
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=pair_mask[:, None] & mask_n[None, :])
 
 
