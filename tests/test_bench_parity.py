@@ -370,3 +370,24 @@ def test_a_failed_compile_times_the_eager_baseline_and_says_so(monkeypatch):
     path = bench.baseline_path(family, {"baseline_compiled": 1})
     assert path.startswith("eager (torch.compile failed: ") and "no C compiler" in path
     assert bench.baseline_path(family, {}) == "eager"
+
+
+def test_a_baseline_is_named_by_its_longest_kernels_first():
+    """The moe baseline (transformers' grouped-mm path) launches copies before its grouped GEMMs;
+    a verdict names the GEMM it beat first. Launches and µs as one H200 call of the Qwen3-30B-A3B
+    experts at m = 1 profiled them (the step's kernel listing: 21.9 µs a grouped GEMM)."""
+    from tuner.bench import kernels_by_time
+
+    copy = ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda("
+            "at::TensorIteratorBase&)")
+    grouped = ("_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6"
+               "kernel13GemmUniversalINS5_17GroupProblemShape")
+    prepare = "void at::cuda::detail::prepare_grouped_gemm_data<cutlass::bfloat16_t>"
+    launches = [(copy, 1.3), (prepare, 1.6), (grouped, 21.9), (copy, 1.2), (prepare, 1.5),
+                (grouped, 21.8)]
+    assert kernels_by_time(launches) == [grouped, prepare, copy]
+    # cuBLAS's split-K GEMV and its reduce: in launch order when the GEMM is the longer
+    gemv = "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT"
+    reduce = "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>"
+    assert kernels_by_time([(gemv, 7.9), (reduce, 1.6)]) == [gemv, reduce]
+    assert kernels_by_time([]) == []

@@ -42,8 +42,8 @@ from .timing import (DEFAULT_GROUPS, DEFAULT_REPLAYS, MAX_INPUT_SETS, GraphTimer
 __all__ = ["COMPILED_BASELINE", "DEFAULT_GROUPS", "DEFAULT_REPLAYS", "FALLBACK_L2_BYTES",
            "MAX_AUTOTUNE_BASELINE", "MAX_INPUT_SETS", "REFERENCES", "BenchRow", "Paired", "Timing",
            "aa_noise", "backend_name", "baseline_path", "bench_one", "compare", "compiled_baseline",
-           "format_rows", "l2_bytes", "launched_kernels", "make_input_sets", "paired_from_groups",
-           "parse_config", "parse_shape", "run_command", "strongest_attention", "sweep",
+           "format_rows", "kernels_by_time", "l2_bytes", "launched_kernels", "make_input_sets",
+           "paired_from_groups", "parse_config", "parse_shape", "run_command", "strongest_attention", "sweep",
            "time_baseline", "time_callable", "time_config"]
 
 
@@ -254,9 +254,10 @@ def _callable_for(family, shape: dict, which, backend: str, device=None):
 
 def launched_kernels(family, shape: dict, which="baseline", *, device=None,
                      inputs: dict | None = None) -> list[str]:
-    """The GPU kernels one call of `which` launches (names, in order, each once), read from a
-    profiler trace of one call after a warm one: what the baseline a candidate beat runs (the
-    cuBLAS GEMM, Inductor's Triton template, the SDPA kernel). [] off the GPU."""
+    """The GPU kernels one call of `which` launches (names, each once, the most GPU time first),
+    read from a profiler trace of one call after a warm one: what the baseline a candidate beat
+    runs (the cuBLAS GEMM, Inductor's Triton template, the SDPA kernel, a grouped GEMM before
+    the copies around it). [] off the GPU."""
     import torch
 
     if not torch.cuda.is_available() or (device is not None
@@ -274,11 +275,17 @@ def launched_kernels(family, shape: dict, which="baseline", *, device=None,
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn(args)
             torch.cuda.synchronize(dev)
-    names: list[str] = []
-    for event in prof.events():
-        if getattr(event, "device_type", None) == DeviceType.CUDA and event.name not in names:
-            names.append(event.name)
-    return names
+    return kernels_by_time((event.name, event.time_range.elapsed_us()) for event in prof.events()
+                           if getattr(event, "device_type", None) == DeviceType.CUDA)
+
+
+def kernels_by_time(launches) -> list[str]:
+    """(kernel name, µs) of each launch -> the names, each once, by total µs (most first; ties
+    in launch order)."""
+    total: dict[str, float] = {}
+    for name, us in launches:
+        total[name] = total.get(name, 0.0) + float(us)
+    return sorted(total, key=lambda name: -total[name])
 
 
 # ------------------------------------------------------------------------------------ public API
