@@ -223,6 +223,26 @@ def test_moe_calls_without_harvested_moe_rows_are_said_to_be_unattributed():
     assert moe_attribution_note({"hits": {"gemv": {"m=2,n=64": 4}}}, {}) == ""
 
 
+def test_the_ceiling_of_linear_tuning_says_it_leaves_out_the_moe_calls():
+    """A MoE step can beat the linears' ceiling (the 16-layer Qwen3-30B-A3B step: 1.34x against
+    a 1.15x ceiling): where the tuned arm ran tuner.moe, the ceiling line says it counts the
+    linears only; a dense step's line says nothing of MoE."""
+    from tuner.ab import verdict as abv
+
+    arms = {"baseline": {"median_us": 2288.3, "spread_pct": 0.18, "groups": [2288.3] * 10},
+            "tuned": {"median_us": 1703.6, "spread_pct": 0.11, "groups": [1703.6] * 10}}
+    moe_step = abv.ABVerdict(label="moe", arms=arms, ceiling_step_us=1989.8,
+                             floor_profile="NVIDIA H200",
+                             serving={"hits": {"moe": {"m=1,experts=128": 64}, "gemv": {"m=1": 8}}})
+    dense = abv.ABVerdict(label="dense", arms=arms, ceiling_step_us=1989.8,
+                          floor_profile="NVIDIA H200", serving={"hits": {"gemv": {"m=1": 8}}})
+    words = "linears only: the 64 tuner.moe calls of the tuned arm are not in it"
+    (line,) = [x for x in abv.summary_lines(moe_step) if "ceiling" in x]
+    assert "1.1500x at most" in line and words in line
+    assert words in abv.markdown(moe_step)
+    assert "tuner.moe" not in "\n".join(abv.summary_lines(dense)) + abv.markdown(dense)
+
+
 def test_ab_measures_an_moe_model_on_the_cpu(device, tmp_path):
     from tuner.ab import verdict as abv
     from tuner.ab.measure import ABSettings, measure
