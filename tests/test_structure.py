@@ -1,4 +1,4 @@
-"""The structure the code keeps (issue: one implementation of each idea).
+"""The structure the code keeps: one implementation of each idea.
 
 Read from the source itself (ast), so a second copy of a shared idea, a kernels module that drags
 the pipeline in, or a family hash that misses a module its kernels use fails here.
@@ -402,10 +402,10 @@ def when_made_names(files: list[str]) -> list[str]:
     return found
 
 
-def test_no_tracked_file_outside_the_logs_names_a_session_a_call_or_an_issue():
+def test_no_tracked_file_outside_the_logs_says_when_a_thing_was_made():
     """README, BENCHMARKS, docs, code, tests and scripts say what a thing is, not when it was made:
-    no numbered period of work, GPU run or issue outside benchmarks/logs/ (whose files are the
-    dated record). Rewrite a flagged sentence to say what the thing is or does."""
+    no numbered period of work, GPU run or tracker entry outside benchmarks/logs/ (whose files are
+    the dated record). Rewrite a flagged sentence to say what the thing is or does."""
     files = _tracked_files()
     assert len(files) > 100, files  # the checkout itself, not an empty listing
     found = when_made_names(files)

@@ -43,8 +43,8 @@ __all__ = ["COMPILED_BASELINE", "DEFAULT_GROUPS", "DEFAULT_REPLAYS", "FALLBACK_L
            "MAX_AUTOTUNE_BASELINE", "MAX_INPUT_SETS", "REFERENCES", "BenchRow", "Paired", "Timing",
            "aa_noise", "backend_name", "baseline_path", "bench_one", "compare", "compiled_baseline",
            "format_rows", "kernels_by_time", "l2_bytes", "launched_kernels", "make_input_sets",
-           "paired_from_groups", "parse_config", "parse_shape", "run_command", "strongest_attention", "sweep",
-           "time_baseline", "time_callable", "time_config"]
+           "paired_from_groups", "parse_config", "parse_shape", "run_command",
+           "strongest_attention", "sweep", "time_baseline", "time_callable", "time_config"]
 
 
 @dataclass

@@ -30,8 +30,8 @@ from ..report import write_ab_report
 from .child import run_child
 from .harness import check_spec
 from .measure import ABSettings, compile_backend, step_baseline, tuned_step
-from .verdict import (EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, paired_moe_keys,
-                      step_words, summary_lines)
+from .verdict import (EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, moe_calls,
+                      paired_moe_keys, step_words, summary_lines)
 
 __all__ = ["ABSettings", "ABVerdict", "AB_DIR", "check_phase", "default_baselines", "linear_floors",
            "moe_attribution_note", "moe_topk", "plan_lines", "projected_savings", "run"]
@@ -64,12 +64,11 @@ def plan_lines(spec: tuple[str, str], batches: list[int], settings: ABSettings,
 def _moe_plan(spec: tuple[str, str], settings: ABSettings) -> str:
     """'; the tuned arm routes its N MoE blocks ...' for a transformers MoE config (Qwen2/3-MoE,
     Mixtral: num_experts or num_local_experts) with moe among the families, else ''."""
-    config = _hf_config(spec)
-    if config is None or "moe" not in settings.families:
+    config, topk = _hf_config(spec), moe_topk(spec)
+    if topk is None or "moe" not in settings.families:
         return ""
     try:
-        experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
-        topk = int(config["num_experts_per_tok"])
+        experts = int(config.get("num_experts") or config.get("num_local_experts"))
         hidden = int(config["hidden_size"])
         inter = int(config.get("moe_intermediate_size") or config["intermediate_size"])
         layers = int(config["num_hidden_layers"])
@@ -90,7 +89,7 @@ def moe_attribution_note(serving: dict, tables: dict) -> str:
     """A line for an A/B whose tuned arm ran tuner.moe (serving: the tuned arm's hits) when no
     MoE call is attributed per shape (verdict.paired_moe_keys: no moe rows of one shape in both
     arms' harvested tables), else ''."""
-    calls = sum((serving.get("hits") or {}).get("moe", {}).values())
+    calls = moe_calls(serving)
     if not calls or paired_moe_keys(tables):
         return ""
     return (f"MoE: {calls} calls ran tuner.moe in the tuned arm; they are not attributed per "

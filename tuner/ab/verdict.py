@@ -31,7 +31,7 @@ from ..shapetable import attribution_key
 from ..timing import bootstrap_median_interval, median, spread_pct
 
 __all__ = ["ABVerdict", "EXIT_FAIL", "EXIT_PASS", "attribution_rows", "decide", "markdown",
-           "paired_moe_keys", "summary_lines"]
+           "moe_calls", "paired_moe_keys", "summary_lines"]
 
 EXIT_PASS, EXIT_FAIL = 0, 3
 
@@ -420,10 +420,15 @@ def _tuned_words(v: ABVerdict) -> str:
 
 
 # ------------------------------------------------------------------------------------ printing
+def moe_calls(serving: dict) -> int:
+    """How many calls the tuned arm ran through tuner.moe (serving: the arm's hits)."""
+    return int(sum(((serving or {}).get("hits") or {}).get("moe", {}).values()))
+
+
 def _ceiling_moe_words(v: ABVerdict) -> str:
     """'; linears only: ...' where the tuned arm ran tuner.moe: the ceiling of linear tuning
     leaves out the MoE calls (not attributed per shape), so the step may beat it."""
-    calls = sum(((v.serving or {}).get("hits") or {}).get("moe", {}).values())
+    calls = moe_calls(v.serving)
     if not calls:
         return ""
     return (f"; linears only: the {calls} tuner.moe calls of the tuned arm are not in it, and "
