@@ -313,3 +313,41 @@ def test_space_keeps_the_new_variants_where_they_fit():
     assert not hip.allows({**pipelined, "waves_per_eu": 0}, shape)  # gfx9: no FMA pipelining
     assert hip.allows({**skinny, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2, "waves_per_eu": 0},
                       shape)
+
+
+NORM_CONFIGS = [
+    {"ROWS_PER_BLOCK": 1, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 1},  # ragged k: masked
+    {"ROWS_PER_BLOCK": 4, "BLOCK_K": 32, "SPLIT_K": 1, "num_warps": 2, "num_stages": 2},
+    {"ROWS_PER_BLOCK": 2, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3},
+]
+
+
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("config", NORM_CONFIGS, ids=lambda c: "R{ROWS_PER_BLOCK}-K{BLOCK_K}"
+                         .format(**c))
+def test_the_fma_kernel_carries_the_rms_norm(m, config):
+    """y = (rmsnorm(x) * norm_weight) @ Wᵀ + bias from the raw x rows: at least as close to the
+    fp32 reference as the unfolded torch path (norm, rounded to bf16, then linear), over x rows
+    of very different scales (each row's own 1 / rms)."""
+    shape = {"m": m, "n": 37, "k": 100, "dtype": "bfloat16", "bias": 1, "norm": 1}
+    inputs = FAMILY.make_inputs(shape, "cpu", seed=m)
+    inputs["x"] = inputs["x"] * torch.logspace(-2, 2, m).to(torch.bfloat16)[:, None]
+    out = FAMILY.launch(inputs, config)
+    ref = FAMILY.reference(inputs)
+    unfused = FAMILY.baseline(inputs)
+    assert _rel_err(out, ref) <= max(1.25 * _rel_err(unfused, ref), 3e-3)
+    plain = FAMILY.launch(dict(inputs, norm_weight=None), config)
+    assert _rel_err(plain, ref) > 0.1  # the norm is really applied
+
+
+def test_the_norm_needs_a_norm_capable_config():
+    shape = {"m": 1, "n": 16, "k": 64, "dtype": "bfloat16", "norm": 1}
+    inputs = FAMILY.make_inputs(shape, "cpu")
+    for config in ({"ROWS_PER_BLOCK": 1, "BLOCK_K": 32, "SPLIT_K": 2},
+                   {"ROWS_PER_BLOCK": 16, "BLOCK_K": 32, "SPLIT_K": 1, "USE_DOT": 1}):
+        assert not gemv.norm_capable(config)
+        with pytest.raises(ValueError, match="RMSNorm prologue"):
+            FAMILY.launch(inputs, config)
+    with pytest.raises(ValueError, match="norm_weight must be"):
+        gemv.gemv(inputs["x"], inputs["weight"], {"ROWS_PER_BLOCK": 1, "BLOCK_K": 32,
+                                                  "SPLIT_K": 1}, norm_weight=inputs["x"][0, :8])

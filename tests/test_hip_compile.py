@@ -205,3 +205,30 @@ def test_new_variants_compile_for_gfx942(record_property):
     assert all(r.wide_loads > 0 for r in results)
     results = _check_all_fit(GFX942, [skinny, prefetch], {**M1, "m": 8}, record_property)
     assert all(r.wide_loads > 0 for r in results)
+
+
+def test_the_rms_norm_prologue_compiles_for_sm90_and_gfx942(record_property):
+    """The FMA kernel carrying the RMSNorm (NORM): the H200's m = 1 winner (one row a program,
+    2048-wide k steps, 8 warps) and the norm-capable configs of every FMA loop form at m = 1, 2,
+    4 and 8 compile for sm90 and gfx942 without spills, the W tile still in 16-byte loads
+    (registers and vector loads: the loop's forms 1 and 2)."""
+    one_row = {"ROWS_PER_BLOCK": 1, "BLOCK_K": 2048, "SPLIT_K": 1, "num_warps": 8,
+               "USE_DOT": 0, "num_stages": 1, "BALANCE_N": 0}
+    normed = {**M1, "norm": 1}
+    jobs = [(normed, one_row), ({**normed, "m": 4}, PREFETCH), ({**normed, "m": 8}, one_row),
+            ({**normed, "n": 1024, "m": 2}, CP_ASYNC),
+            ({"m": 3, "n": 37, "k": 100, "dtype": "bfloat16", "bias": 1, "norm": 1},
+             {**one_row, "BLOCK_K": 64, "num_warps": 1})]
+    for target in (SM90, GFX942):
+        hip = {"waves_per_eu": 0} if target is GFX942 else {}
+        rows = compile_configs("gemv", [(s, {**c, **hip}) for s, c in jobs], target)
+        for (shape, config), row in zip(jobs, rows):
+            assert not isinstance(row, str), (target, config, row)
+            (main,) = row
+            record_property(f"{target.arch}:{gemv.FAMILY.shape_key(shape)}:norm:{config}",
+                            main.n_regs)
+            assert main.n_spills == 0 and 0 < main.n_regs <= LIMITS[target.arch][0], (shape, main)
+            per_thread = (config["ROWS_PER_BLOCK"] * config["BLOCK_K"]
+                          // (target.warp_size * config["num_warps"]))
+            if shape["k"] % 8 == 0 and config["num_stages"] <= 2 and per_thread >= 8:
+                assert main.wide_loads > 0, (target, shape, config)  # (3+: cp.async stages)

@@ -545,3 +545,162 @@ def test_has_entries_matches_a_part_of_the_shape_and_the_repeated_kv_form(device
         assert not runtime.has_entries("attention", dict(grouped, batch=BATCH + 1))
         assert not runtime.has_entries("gemv")
     runtime.reset()
+
+
+# ------------------------------------------------------------------ RMSNorm folded into gemv
+FOLD_ARCHS = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer",
+              "qwen2": "Qwen2DecoderLayer", "qwen3": "Qwen3DecoderLayer",
+              "qwen2_moe": "Qwen2MoeDecoderLayer", "qwen3_moe": "Qwen3MoeDecoderLayer",
+              "mixtral": "MixtralDecoderLayer"}
+
+
+def tiny_hf_model(model_type: str):
+    """A two-layer transformers model of `model_type` with random bf16 weights (MoE types: the
+    second layer's MLP dense where the type has mlp_only_layers)."""
+    transformers = pytest.importorskip("transformers")
+    dims = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                num_key_value_heads=2, num_hidden_layers=2, vocab_size=256,
+                max_position_embeddings=64, head_dim=16, rms_norm_eps=1e-5)
+    if model_type.endswith("moe") or model_type == "mixtral":
+        dims.update(num_experts=4, num_local_experts=4, num_experts_per_tok=2,
+                    moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                    decoder_sparse_step=1, mlp_only_layers=[1])
+    config = transformers.AutoConfig.for_model(model_type, **dims)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    return model.to(torch.bfloat16).eval().requires_grad_(False)
+
+
+def export_linears_of(model, device, config_of=lambda shape: None, extra=()) -> list[dict]:
+    """Export every linear shape one decode token of `model` calls (from the misses of an
+    install without an export), with `config_of(shape)` or else the default config, and the
+    `extra` entries."""
+    folder = device / "nvidia-h200"
+    folder.mkdir(parents=True, exist_ok=True)
+    token = torch.tensor([[3]])
+    with serving.installed(model, export_dir=folder, families=("gemv",)) as handle:
+        model(token)
+        keys = list(handle.misses()["gemv"])
+    shapes = [{k: v if k == "dtype" else int(v) for k, v in (kv.split("=") for kv in key.split(","))}
+              for key in keys]
+    write_export(device, [("gemv", s) if config_of(s) is None else ("gemv", s, config_of(s))
+                          for s in shapes] + list(extra))
+    runtime.reset()
+    return shapes
+
+
+@pytest.mark.parametrize("model_type", sorted(FOLD_ARCHS))
+def test_a_folded_norm_computes_what_the_layer_computes(device, model_type):
+    """Each decoder layer FOLD_LAYERS names, as the installed transformers builds it: with the
+    norms folded into the projections (the gemv kernel carrying the norm) the logits agree with
+    the unfolded tuned model's and the plain model's; uninstall restores the model exactly."""
+    assert FOLD_ARCHS[model_type] in serving.FOLD_LAYERS
+    model = tiny_hf_model(model_type)
+    token = torch.tensor([[3]])
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    expected = model(token).logits
+    export_linears_of(model, device)
+    folder = device / "nvidia-h200"
+    with serving.installed(model, export_dir=folder, fold_norms=False) as handle:
+        assert handle.norms == []
+        unfolded = model(token).logits
+    with serving.installed(model, export_dir=folder) as handle:
+        dense_mlps = sum(hasattr(layer.mlp, "gate_proj") for layer in model.model.layers)
+        assert len(handle.norms) == len(model.model.layers) + dense_mlps
+        folded = model(token).logits
+        hits = sum(handle.hits()["gemv"].values())
+    assert hits == sum(1 for m in handle.linears if m is not model.lm_head) + 1
+    assert rel_err(folded, expected) < 2e-2 and rel_err(folded, unfolded) < 2e-2
+    assert not torch.equal(folded, unfolded)  # the norm is the kernel's, rounded once
+    assert all(not ({"forward", "_tuner_norm"} & set(m.__dict__)) for m in model.modules())
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(model(token).logits, expected)
+
+
+def test_a_norm_folds_only_where_every_projection_carries_it(device):
+    """A projection whose exported config cannot carry the norm (here the dot variant) or that
+    also has a gemm entry keeps its norm unfolded, with its siblings; the rest fold."""
+    model = tiny_hf_model("llama")
+    k_proj = model.model.layers[0].self_attn.k_proj
+    dot = {"ROWS_PER_BLOCK": 16, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 4, "USE_DOT": 1,
+           "num_stages": 2, "BALANCE_N": 0}
+    shapes = export_linears_of(model, device, lambda s: dot if s["n"] == k_proj.out_features
+                               and s["k"] == k_proj.in_features else None)
+    with serving.installed(model, export_dir=device / "nvidia-h200") as handle:
+        assert runtime.matching_configs("gemv", {"n": 32, "k": 64}) == [dot]  # k_proj, v_proj
+        folded = {id(n) for n in handle.norms}
+        layers = model.model.layers
+        assert all(id(layer.input_layernorm) not in folded for layer in layers)  # k/v: n = 32
+        assert all(id(layer.post_attention_layernorm) in folded for layer in layers)
+    prefill = {"m": 16, "n": 128, "k": 64, "dtype": "bfloat16", "layout": "NT"}  # gate/up
+    write_export(device, [("gemv", shape) for shape in shapes] + [("gemm", prefill)])
+    runtime.reset()
+    with serving.installed(model, export_dir=device / "nvidia-h200") as handle:
+        assert handle.norms and all(id(layer.post_attention_layernorm) not in
+                                    {id(n) for n in handle.norms} for layer in layers)
+
+
+def test_the_folded_step_compiles_in_one_graph_without_the_norm(device):
+    """Under torch.compile (fullgraph) the folded layers call tuner.norm_linear and the norm's
+    own arithmetic is gone from the graph but for the final norm; the output equals eager."""
+    model = tiny_hf_model("qwen3")
+    token = torch.tensor([[3]])
+    export_linears_of(model, device)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with serving.installed(model, export_dir=device / "nvidia-h200"):
+        eager = model(token).logits
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend=backend)
+        out = compiled(token).logits
+    torch._dynamo.reset()
+    assert torch.equal(out, eager)
+    ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert sum("tuner.norm_linear" in op for op in ops) == 2 * 5
+    assert sum("rsqrt" in op for op in ops) == 1 + 2 * 2  # the final norm; q_norm, k_norm
+
+
+def test_norm_linear_outside_the_kernels_reach_runs_the_norm_then_the_linear(device):
+    """More rows than gemv takes, or no export: rms_norm (transformers' arithmetic) and then
+    linear, bit for bit what the unfolded layer computes."""
+    g = torch.Generator().manual_seed(0)
+    norm_w = (1 + 0.1 * torch.randn(64, generator=g)).to(torch.bfloat16)
+    weight = (torch.randn(32, 64, generator=g) / 8).to(torch.bfloat16)
+    for rows in (1, 12):
+        x = torch.randn(rows, 1, 64, generator=g).to(torch.bfloat16)
+        norm = pytest.importorskip("transformers").models.llama.modeling_llama.LlamaRMSNorm(64, 1e-5)
+        norm.weight.data = norm_w.clone()
+        expected = F.linear(norm(x), weight)
+        assert torch.equal(serving.norm_linear(x, norm_w, 1e-5, weight), expected)
+
+
+def test_a_folded_step_harvests_its_projections_as_linears(device, tmp_path):
+    """A profile of the folded model reads tuner::norm_linear as the linear it is (x [..., k],
+    weight [n, k] as its fourth input): each projection's (m, n, k), as the unfolded op's."""
+    from tuner import harvest
+
+    model = tiny_hf_model("llama")
+    token = torch.tensor([[3]])
+    export_linears_of(model, device)
+    tables = {}
+    for fold in (True, False):
+        with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=fold):
+            with torch.profiler.profile(record_shapes=True) as prof:
+                model(token)
+        path = tmp_path / f"fold_{fold}.json"
+        prof.export_chrome_trace(str(path))
+        rows = harvest.harvest([str(path)]).table
+        gemm = rows[rows["family"] == "gemm"]
+        tables[fold] = {(r["op"], r["m"], r["n"], r["k"]): r["calls_per_step"]
+                        for r in gemm.to_dict("records")}
+    folded = {key[1:]: calls for key, calls in tables[True].items()
+              if key[0] == "tuner::norm_linear"}
+    assert folded == {(1, 64, 64): 2.0, (1, 32, 64): 4.0, (1, 128, 64): 4.0}  # q; k, v; gate, up
+    merged = {}
+    for (op, *dims), calls in tables[True].items():
+        merged[tuple(dims)] = merged.get(tuple(dims), 0) + calls
+    assert merged == {tuple(key[1:]): calls for key, calls in tables[False].items()}

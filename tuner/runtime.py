@@ -46,6 +46,7 @@ __all__ = ["EXPORT_FORMAT", "EXPORT_ROOT", "MANIFEST", "MAX_EXPORT_BYTES", "M_BU
            "NEAREST_KEYS", "m_bucket",
            "LoadedExport", "config_for", "current_identity", "default_config", "detect_identity",
            "device_key_for", "entry_problem", "export_dir", "has_entries", "hit_counts",
+           "matching_configs",
            "kernel_hash", "load_family", "lookup", "manifest_problems", "mismatches",
            "miss_counts", "normalize_value", "read_export", "reset", "resolve", "resolved",
            "shape_tuple", "space_backend", "status"]
@@ -407,11 +408,11 @@ def _repeated_kv_entry(shape: dict) -> tuple[dict | None, str | None]:
     return config, key
 
 
-def has_entries(family: str, fixed: dict | None = None) -> bool:
-    """Whether the family's export has an entry whose shape agrees with `fixed` (a part of a
+def matching_configs(family: str, fixed: dict | None = None) -> list[dict]:
+    """The configs of the family's export entries whose shape agrees with `fixed` (a part of a
     shape, e.g. an attention call's heads, kv_heads, head_dim and dtype, whatever its batch and
-    KV length; None or {}: any entry), counting, for attention, the repeated-KV form of a
-    grouped call as `resolve` does. Never raises (False)."""
+    KV length; a linear's n, k and dtype, whatever its m; None or {}: every entry), counting,
+    for attention, the repeated-KV form of a grouped call as `resolve` does. Never raises ([])."""
     try:
         entries = _loaded(family).entries
         fixed = {k: normalize_value(v) for k, v in (fixed or {}).items()}
@@ -419,16 +420,23 @@ def has_entries(family: str, fixed: dict | None = None) -> bool:
         if (family == "attention" and "heads" in fixed and "kv_heads" in fixed
                 and int(fixed["kv_heads"]) < int(fixed["heads"])):
             wanted.append({**fixed, "kv_heads": fixed["heads"]})
+        found = []
         for items, (_key, config) in entries.items():
             shape = dict(items)
-            for i, part in enumerate(wanted):
-                if all(shape.get(k) == v for k, v in part.items()) and (
-                        i == 0 or int(config.get("HEADS_PER_BLOCK", 1)) == 1):
-                    return True
-        return False
+            if any(all(shape.get(k) == v for k, v in part.items()) and (
+                    i == 0 or int(config.get("HEADS_PER_BLOCK", 1)) == 1)
+                   for i, part in enumerate(wanted)):
+                found.append(config)
+        return found
     except Exception as exc:  # noqa: BLE001 - never into the serving process
         _lookup_failed(family, exc)
-        return False
+        return []
+
+
+def has_entries(family: str, fixed: dict | None = None) -> bool:
+    """Whether the family's export has an entry whose shape agrees with `fixed`
+    (`matching_configs`). Never raises (False)."""
+    return bool(matching_configs(family, fixed))
 
 
 def lookup(family: str, shape: dict) -> dict | None:

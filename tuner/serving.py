@@ -6,64 +6,49 @@
     handle.hits(), handle.misses()                 # per shape: which calls the tuned path served
     handle.uninstall()                             # the model is exactly as it was
 
-The kernels run behind two custom ops in the ``tuner`` namespace, registered with
-torch.library when this module is imported (with fake implementations, so a model compiles with
-``torch.compile(fullgraph=True)`` without graph breaks and captures as a CUDA/HIP graph):
+The custom ops of the ``tuner`` namespace (registered with fake implementations when this module
+is imported: a model compiles with ``torch.compile(fullgraph=True)`` and captures as a CUDA/HIP
+graph), each with the exported config of the call's shape (exact, else nearest m or kv_len:
+tuner.runtime):
 
-- ``torch.ops.tuner.linear(x, weight, bias)``: x[..., k] with at most 8 rows runs the gemv
-  family, more rows the gemm family (layout NT), with the exported config of that shape (exact,
-  else nearest m: tuner.runtime);
-- ``torch.ops.tuner.decode_attention(q, k, v, mask, scale)``: one query token per sequence over a
-  KV cache (GQA; an optional boolean or additive mask of that query row and SDPA's scale), with
-  the attention family's exported config (exact, else nearest kv_len);
-- ``torch.ops.tuner.moe(x, w1, w2, topk_ids, topk_weights, block)``: the expert MLPs of one MoE
-  block (tuner_kernels.moe: tokens grouped by expert, fused grouped GEMMs), with the moe family's
-  exported config (exact, else nearest m).
+- ``tuner.linear(x, weight, bias)``: x[..., k] with at most 8 rows on the gemv family, more on
+  the gemm family (layout NT);
+- ``tuner.norm_linear(x, norm_weight, eps, weight, bias)``: the same linear of an RMSNorm'd x, the
+  norm carried by the gemv kernel (`install`'s fold_norms);
+- ``tuner.decode_attention(q, k, v, mask, scale)``: one query token per sequence over a KV cache
+  (GQA; an optional mask of that query row, SDPA's scale);
+- ``tuner.moe(x, w1, w2, topk_ids, topk_weights, block)``: the expert MLPs of one MoE block
+  (tuner_kernels.moe).
 
-A shape without an exported entry runs the baseline path (torch's linear / SDPA): only a
-measured, ranked and exported config is trusted to beat what serving runs today. The serving path
-never raises into the caller: a kernel that fails runs the baseline instead, with one logged
-warning (logger "tuner.serving"), and that shape stays on the baseline. Nothing compiles inside a
-capture: a kernel first met while a CUDA graph is being captured (not warmed up) runs the baseline
-path for that capture, with one warning. The config lookup is a cached Python-side decision; in a
-graph replay no Python runs, so hit counts count eager calls and captures.
+A shape without an exported entry runs the baseline path (torch's linear / SDPA, transformers'
+experts forward): only a measured, ranked and exported config is trusted to beat what serving
+runs today. The serving path never raises into the caller: a kernel that fails runs the baseline
+instead, with one logged warning (logger "tuner.serving"), and that shape stays on the baseline.
+Nothing compiles inside a capture: a kernel first met while a CUDA graph is being captured (not
+warmed up) runs the baseline for that capture, with one warning. In a graph replay no Python
+runs, so hit counts count eager calls and captures.
 
-`install` routes every nn.Linear through ``tuner.linear`` by giving the module an instance
-``forward`` (uninstall deletes it: the class's forward is back, no parameter was touched). With
-"attention" in `families` it also routes ``torch.nn.functional.scaled_dot_product_attention``
-(looked up by name at each call, as transformers' SDPA attention does) while installed: calls
-with one query token, a GQA/MHA layout, no dropout, not causal and no mask or a mask of that one
-query row ([batch|1, heads|1, 1, kv_len], as a decode step over a static KV cache passes for the
-unfilled cache positions; any scale) go to ``tuner.decode_attention`` where the export has the
-call's shape, every other call to torch's own SDPA, unchanged. In a process that has imported
-transformers it also takes transformers' "sdpa" attention function (AttentionInterface) while
-installed: such a decode call then runs on the model's own grouped KV cache, without the
-repeat_kv copy transformers makes before SDPA when there is a mask (tuner.runtime serves it with
-the entry of its repeated-KV form, the shape a baseline trace records). Under torch.compile the
-routing decision is a constant of the install (`_attention_routed`: whether its attention export
-has any entry): the compiled step recompiles once when installing, not per call, and traces
-with dynamic shapes; the custom op resolves each call's shape when it runs.
-
-With "moe" in `families` it routes the experts module of every transformers MoE block whose
-weights the kernel reads as they are stored (`moe_layout`: transformers 5's fused experts,
-``gate_up_proj`` [experts, 2 * inter, hidden] with the gate rows first and ``down_proj``
-[experts, hidden, inter], no biases, SiLU: Qwen3-MoE, Qwen2-MoE's routed experts, Mixtral,
-OLMoE; not gpt-oss, whose experts are transposed, interleaved and biased). The router (its GEMM,
-softmax and top-k) stays transformers'; the experts call ``experts(hidden, top_k_index,
-top_k_weights)`` goes to ``tuner.moe`` with the module's own parameters: no copy and no
-rearranging, so routing costs no memory. Where the export has no entry of the call's structure
-(experts, topk, hidden, inter, dtype) the call runs transformers' own experts forward, unchanged;
-inside the op every fallback (a failing kernel, a capture before warmup) runs that same forward,
-so a fallback is transformers' computation, bit for bit. Under torch.compile the routing decision
-is `_moe_routed`, a constant of the install as for attention.
+`install` gives modules an instance ``forward`` (uninstall deletes it; no parameter is touched):
+every nn.Linear calls ``tuner.linear``; with fold_norms, a decoder layer's RMSNorm whose
+projections the export serves with norm-capable configs passes its input through and those
+projections call ``tuner.norm_linear`` (tuner.layouts.norm_folds); with "moe", the experts module
+of every MoE block whose stored weights the kernel reads as they are (tuner.layouts.moe_layout)
+calls ``tuner.moe`` with its own parameters (no copy; the router stays transformers'). With
+"attention" it routes ``torch.nn.functional.scaled_dot_product_attention`` (looked up by name at
+each call) and, in a process that has imported transformers, transformers' "sdpa" attention
+function: a decode call (one query token, no dropout, not causal, no mask or one of that query
+row, as a static cache passes) goes to ``tuner.decode_attention`` where the export has its
+shape, on the model's own grouped KV cache (no repeat_kv copy; tuner.runtime serves it with the
+entry of its repeated-KV form, the shape a baseline trace records); every other call to the
+caller's own SDPA, unchanged. Under torch.compile the attention and MoE routing decisions are
+constants of the install (`_attention_routed`, `_moe_routed`): the step recompiles once when
+installing, not per call, and traces with dynamic shapes; the op resolves each call's shape.
 """
-
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import sys
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,9 +57,11 @@ import torch
 import torch.nn.functional as F
 
 from . import runtime
+from .layouts import (FOLD_LAYERS, decode_mask, hf_attention_interface, hf_structure, moe_layout,
+                      norm_folds, plain_kwargs, rms_norm_eps)
 
-__all__ = ["Installed", "decode_attention", "install", "installed", "linear", "moe",
-           "moe_layout"]
+__all__ = ["FOLD_LAYERS", "Installed", "decode_attention", "install", "installed", "linear", "moe",
+           "moe_layout", "norm_folds", "norm_linear"]
 
 log = logging.getLogger("tuner.serving")
 
@@ -144,12 +131,10 @@ def _tuned(family: str, shape: dict, launch, baseline):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Drop-in for torch.nn.functional.linear: the tuned gemv (<= 8 rows) or gemm (more rows)
     where an exported config exists for the shape, torch's linear everywhere else."""
-    k = x.shape[-1]
-    rows = x.numel() // k if k else 0
-    if (rows < 1 or weight.dim() != 2 or weight.dtype != x.dtype or x.dtype not in DTYPES
-            or (bias is not None and bias.dtype != x.dtype) or not _runs_kernels(x)):
+    rows = _linear_rows(x, weight, bias)
+    if not rows:
         return F.linear(x, weight, bias)
-    n = int(weight.shape[0])
+    k, n = int(x.shape[-1]), int(weight.shape[0])
     dtype = str(x.dtype).removeprefix("torch.")
 
     def baseline():
@@ -177,6 +162,48 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             return result
 
         out = _tuned("gemm", shape, launch, baseline)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def _linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> int:
+    """The rows of a linear call the kernels can take (dtypes, device, dimensions), else 0."""
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    if (rows < 1 or weight.dim() != 2 or weight.shape[1] != k or weight.dtype != x.dtype
+            or x.dtype not in DTYPES or (bias is not None and bias.dtype != x.dtype)
+            or not _runs_kernels(x)):
+        return 0
+    return rows
+
+
+def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """linear(rms_norm(x, norm_weight, eps), weight, bias): a decoder layer's norm folded into
+    one of the projections it feeds (`install`'s fold_norms). Where the exported gemv config of
+    the linear's shape can carry the norm (tuner_kernels.gemv.norm_capable), the kernel computes
+    both from the raw x in one launch; everywhere else the norm runs (transformers' arithmetic:
+    tuner_kernels.gemv.rms_norm), then `linear`."""
+    from tuner_kernels import gemv
+    from tuner_kernels.gemv import rms_norm
+
+    rows = _linear_rows(x, weight, bias)
+    if (not rows or rows > GEMV_MAX_ROWS or norm_weight.shape != x.shape[-1:]
+            or norm_weight.device != x.device):
+        return linear(rms_norm(x, norm_weight, eps), weight, bias)
+
+    k, n = int(x.shape[-1]), int(weight.shape[0])
+    shape = {"m": rows, "n": n, "k": k, "dtype": str(x.dtype).removeprefix("torch.")}
+    if bias is not None:
+        shape["bias"] = 1
+    x2 = x.reshape(rows, k)
+
+    def launch(config):
+        if gemv.norm_capable(config):
+            return gemv.gemv(x2, weight, config, bias=bias, norm_weight=norm_weight, eps=eps)
+        return gemv.gemv(rms_norm(x2, norm_weight, eps), weight, config, bias=bias)
+
+    out = _tuned("gemv", shape, launch,
+                 lambda: F.linear(rms_norm(x, norm_weight, eps), weight, bias))
     return out.reshape(*x.shape[:-1], n)
 
 
@@ -261,6 +288,17 @@ def _(x, weight, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+@torch.library.custom_op("tuner::norm_linear", mutates_args=())
+def _norm_linear_op(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+    return norm_linear(x, norm_weight, eps, weight, bias)
+
+
+@_norm_linear_op.register_fake
+def _(x, norm_weight, eps, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
 @torch.library.custom_op("tuner::decode_attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
@@ -292,29 +330,27 @@ def _linear_forward(self, x):
     return torch.ops.tuner.linear(x, self.weight, self.bias)
 
 
-def moe_layout(module) -> tuple[int, int, int] | None:
-    """(experts, hidden, inter) of a transformers fused experts module whose stored weights the
-    moe kernel reads as they are (gate_up_proj [E, 2 * inter, hidden], gate rows then up rows;
-    down_proj [E, hidden, inter]; no biases; SiLU; not expert-parallel), else None."""
-    w1, w2 = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
-    if not (isinstance(w1, torch.Tensor) and isinstance(w2, torch.Tensor)
-            and w1.dim() == 3 and w2.dim() == 3):
-        return None
-    # the flags transformers' experts decorator sets (absent before it had them: the defaults)
-    if (getattr(module, "is_transposed", False) or not getattr(module, "is_concatenated", True)
-            or getattr(module, "has_bias", False) or not getattr(module, "has_gate", True)
-            or getattr(module, "has_post_expert_norm", False)
-            or getattr(module, "_is_expert_parallel", False)
-            or any(isinstance(getattr(module, name, None), torch.Tensor)
-                   for name in ("gate_up_proj_bias", "down_proj_bias"))):
-        return None
-    act = getattr(module, "act_fn", None)
-    if not (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"):
-        return None
-    experts, two_inter, hidden = (int(d) for d in w1.shape)
-    if two_inter % 2 or tuple(w2.shape) != (experts, hidden, two_inter // 2):
-        return None
-    return experts, hidden, two_inter // 2
+def _norm_linear_forward(self, x):
+    norm, eps = self.__dict__["_tuner_norm"]
+    return torch.ops.tuner.norm_linear(x, norm.weight, eps, self.weight, self.bias)
+
+
+def _folded_norm_forward(self, hidden_states):
+    """A folded norm's forward: its input as it is (the projections it fed apply it)."""
+    return hidden_states
+
+
+def _fold_served(linear_module: torch.nn.Linear) -> bool:
+    """Whether the export serves a projection's decode calls with the norm carried: gemv entries
+    of its (n, k, dtype), every one norm-capable, and no gemm entry (a gemm call would run the
+    norm on its own inside the op, once per projection, where the compiled step fuses it once)."""
+    from tuner_kernels import gemv
+
+    fixed = {"n": linear_module.out_features, "k": linear_module.in_features,
+             "dtype": str(linear_module.weight.dtype).removeprefix("torch.")}
+    configs = runtime.matching_configs("gemv", fixed)
+    return (bool(configs) and all(gemv.norm_capable(c) for c in configs)
+            and not runtime.matching_configs("gemm", fixed))
 
 
 def _experts_forward(self, *args, **kwargs):
@@ -383,7 +419,7 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
                       and _inference(query, key, value)
                       and key.shape[1] > 0 and query.shape[1] % key.shape[1] == 0
                       and (enable_gqa or key.shape[1] == query.shape[1])
-                      and _decode_mask(attn_mask, query, key) and _has_attention_entry(query, key))
+                      and decode_mask(attn_mask, query, key) and _has_attention_entry(query, key))
     except Exception as exc:  # noqa: BLE001 - serving must never raise into the caller
         _warn_once(("sdpa", type(exc).__name__), "SDPA call not read (%s: %s); torch's SDPA runs",
                    type(exc).__name__, exc)
@@ -467,12 +503,12 @@ def _hf_decode_call(module, query, key, value, mask, dropout, is_causal, kwargs)
     try:
         groups = int(getattr(module, "num_key_value_groups", 1) or 1)
         # is_causal: transformers itself ignores it for one query token
-        return bool(dropout == 0.0 and _plain_kwargs(kwargs) and _inference(query, key, value)
+        return bool(dropout == 0.0 and plain_kwargs(kwargs) and _inference(query, key, value)
                     and query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
                     and value.shape == key.shape and key.shape[1] * groups == query.shape[1]
                     and key.shape[3] == query.shape[3]
-                    and _decode_mask(mask, query, key)
-                    and _has_attention_entry(query, key, _hf_structure(module, groups)))
+                    and decode_mask(mask, query, key)
+                    and _has_attention_entry(query, key, hf_structure(module, groups)))
     except Exception as exc:  # noqa: BLE001 - serving must never raise into the caller
         _warn_once(("hf-attention", type(exc).__name__), "transformers attention call not read "
                    "(%s: %s); transformers' own attention runs", type(exc).__name__, exc)
@@ -480,55 +516,9 @@ def _hf_decode_call(module, query, key, value, mask, dropout, is_causal, kwargs)
 
 
 _hf_own_sdpa = None  # transformers' own "sdpa" attention function (kept by install)
-# keyword arguments transformers passes its attention functions that do not change what SDPA
-# computes (positions, cache bookkeeping; a sliding window is in the mask, flash-only lengths):
-# a call with any other argument set (a position bias, soft-capping, attention sinks, one a
-# later transformers adds) stays transformers'
-_HF_PLAIN_KWARGS = frozenset({"cache_position", "position_ids", "use_cache", "sliding_window",
-                              "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
-                              "past_key_values", "past_key_value", "layer_idx"})
-
-
-def _hf_structure(module, groups: int) -> tuple:
-    """A transformers attention module's structure as plain ints (its config's head counts and
-    its head_dim), or () where it does not say."""
-    config = getattr(module, "config", None)
-    heads = getattr(config, "num_attention_heads", None)
-    head_dim = getattr(module, "head_dim", None)
-    if not (isinstance(heads, int) and isinstance(head_dim, int) and heads % groups == 0):
-        return ()
-    return (("heads", heads), ("kv_heads", heads // groups), ("head_dim", head_dim))
-
-
-def _plain_kwargs(kwargs: dict) -> bool:
-    return all(value is None or value is False or name in _HF_PLAIN_KWARGS
-               for name, value in kwargs.items())
-
-
 def _inference(*tensors) -> bool:
     """No autograd through the call: the custom op has no backward."""
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-
-
-def _hf_attention_interface():
-    """transformers' AttentionInterface, if the process has imported transformers (a model that
-    dispatches attention through it); else None. Never imports transformers itself."""
-    utils = sys.modules.get("transformers.modeling_utils")
-    interface = getattr(utils, "AttentionInterface", None)
-    mapping = getattr(interface, "_global_mapping", None)
-    if not isinstance(mapping, dict) or not callable(mapping.get("sdpa")):
-        return None
-    return interface
-
-
-def _decode_mask(mask, query: torch.Tensor, key: torch.Tensor) -> bool:
-    """No mask, or one the decode kernel reads: [batch|1, heads|1, 1, kv_len], bool or floating."""
-    if mask is None:
-        return True
-    return (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[2] == 1
-            and mask.shape[0] in (1, query.shape[0]) and mask.shape[1] in (1, query.shape[1])
-            and mask.shape[3] == key.shape[2] and mask.device == query.device
-            and (mask.dtype == torch.bool or mask.dtype.is_floating_point))
 
 
 # -------------------------------------------------------------------------------- install
@@ -541,6 +531,7 @@ class Installed:
     export_dir: Path | None
     linears: list[torch.nn.Module] = field(default_factory=list)
     experts: list[torch.nn.Module] = field(default_factory=list)  # MoE experts modules routed
+    norms: list[torch.nn.Module] = field(default_factory=list)  # RMSNorms folded (fold_norms)
     sdpa: bool = False
     hf_sdpa: object = None  # transformers' AttentionInterface whose "sdpa" entry is ours
     _old_env: str | None = None
@@ -572,7 +563,7 @@ class Installed:
                 for m in rows:
                     x = torch.randn(m, module.in_features, device=module.weight.device,
                                     dtype=module.weight.dtype)
-                    torch.ops.tuner.linear(x, module.weight, module.bias)
+                    module(x)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
@@ -581,8 +572,10 @@ class Installed:
         if not self.active:
             return
         for module in self.linears:
-            if "forward" in module.__dict__:
-                del module.__dict__["forward"]
+            for name in ("forward", "_tuner_norm"):
+                module.__dict__.pop(name, None)
+        for module in self.norms:
+            module.__dict__.pop("forward", None)
         for module in self.experts:
             for name in ("forward", "_tuner_moe"):
                 module.__dict__.pop(name, None)
@@ -603,10 +596,19 @@ class Installed:
 
 
 def install(model: torch.nn.Module, export_dir: str | Path | None = None,
-            families: tuple[str, ...] = FAMILIES) -> Installed:
+            families: tuple[str, ...] = FAMILIES, fold_norms: bool = True) -> Installed:
     """Route `model`'s nn.Linear modules (decode SDPA with "attention" in `families`, the experts
-    of its MoE blocks with "moe": `moe_layout`) through the exported configs; returns the handle. `export_dir`: a folder holding <family>.json and
-    manifest.json (default: $TUNER_EXPORT_DIR, else artifacts/export/<this device>/)."""
+    of its MoE blocks with "moe": `moe_layout`) through the exported configs; returns the
+    handle. `export_dir`: a folder holding <family>.json and manifest.json (default:
+    $TUNER_EXPORT_DIR, else artifacts/export/<this device>/).
+
+    `fold_norms`: a decoder layer's RMSNorm (`norm_folds`) whose every projection the export
+    serves with the norm carried (`_fold_served`: norm-capable gemv configs only) is folded: the
+    norm's forward returns its input and those projections run ``tuner.norm_linear``, the
+    gemv kernel computing the norm and the product in one launch (a compiled step otherwise runs
+    the norm as a kernel of its own before the opaque linear). Calls of other row counts (a
+    prefill) run the norm inside the op, once per projection. The folded output is rounded
+    once, from the fp32 sums, where the unfolded one rounds the normed x to its dtype first."""
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         from .errors import TunerError
@@ -631,6 +633,17 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
             if isinstance(module, torch.nn.Linear) and "forward" not in module.__dict__:
                 module.forward = types.MethodType(_linear_forward, module)
                 handle.linears.append(module)
+    if fold_norms and "gemv" in families:
+        for norm, projections in norm_folds(model):
+            if ("forward" in norm.__dict__ or not all(lin in handle.linears for lin in projections)
+                    or not all(_fold_served(lin) for lin in projections)):
+                continue
+            eps = rms_norm_eps(norm)
+            for lin in projections:
+                lin.__dict__["_tuner_norm"] = (norm, eps)  # not a submodule: no state_dict entry
+                lin.forward = types.MethodType(_norm_linear_forward, lin)
+            norm.forward = types.MethodType(_folded_norm_forward, norm)
+            handle.norms.append(norm)
     if "moe" in families:
         _moe_blocks.clear()
         for module in model.modules():
@@ -646,7 +659,7 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
 
         F.scaled_dot_product_attention = _sdpa
         handle.sdpa = True
-        interface = _hf_attention_interface()
+        interface = hf_attention_interface()
         if interface is not None and interface._global_mapping["sdpa"] is not _hf_sdpa:
             global _hf_own_sdpa
             _hf_own_sdpa = interface._global_mapping["sdpa"]
@@ -671,9 +684,9 @@ def _install_key(families: tuple) -> str:
 
 @contextlib.contextmanager
 def installed(model: torch.nn.Module, export_dir: str | Path | None = None,
-              families: tuple[str, ...] = FAMILIES):
+              families: tuple[str, ...] = FAMILIES, fold_norms: bool = True):
     """`with installed(model): ...` installs for the block and uninstalls after it."""
-    handle = install(model, export_dir, families)
+    handle = install(model, export_dir, families, fold_norms)
     try:
         yield handle
     finally:

@@ -21,6 +21,11 @@ tl.dot(x, Wᵀ), mma.sync on sm90); 2 the swap-AB skinny kernel of tuner_kernels
 the W rows as wgmma's M side, W through TMA stages on sm90; pointer loads on hip), which the gemm
 family also uses (SWAP_AB = 1).
 
+The FMA kernel without split-K can carry the RMSNorm before the linear (NORM, `norm_capable`):
+y = (rmsnorm(x) * norm_weight) @ Wᵀ from the raw x rows, each row's sum of squares accumulated in
+the same loop and its 1 / rms applied to the row sums (tuner.serving folds a decoder layer's norm
+into its projections with it).
+
 Parameters (config dict): ROWS_PER_BLOCK, BLOCK_K, SPLIT_K, USE_DOT, num_warps, num_stages, and
 on hip waves_per_eu. The baseline is torch.nn.functional.linear (cuBLAS / hipBLASLt); the
 reference is fp32 (x.float() @ W.float().T).
@@ -42,7 +47,8 @@ from tuner_kernels.cost import gemm_cost
 __all__ = ["DOT_ROWS", "FAMILY", "HIP_OPTIONS", "KERNEL_PARAMS", "LAUNCH_OPTIONS", "MAX_M",
            "OPTIONAL_PARAMS", "REDUCE_BLOCK_N", "SKINNY_SOURCE", "baseline", "bytes_moved",
            "check_config", "default_config", "flops", "gemv", "k_per_split", "launch",
-           "launch_plan", "make_inputs", "reference", "shape_from_row", "shape_key"]
+           "launch_plan", "make_inputs", "norm_capable", "reference", "rms_norm",
+           "shape_from_row", "shape_key"]
 
 MAX_M = 8
 KERNEL_PARAMS = ("ROWS_PER_BLOCK", "BLOCK_K", "SPLIT_K")
@@ -57,12 +63,12 @@ SKINNY_SOURCE = Path(skinny.__file__).resolve()
 
 # --------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, N, K, k_per_split,
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, norm_ptr, N, K, k_per_split, eps,
                  stride_xm, stride_wn, stride_om,
                  M: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                  STATIC_KPS: tl.constexpr = 0, PIPE_STAGES: tl.constexpr = 1,
-                 W_PREFETCH: tl.constexpr = 0, X_CACHE: tl.constexpr = ""):
+                 W_PREFETCH: tl.constexpr = 0, X_CACHE: tl.constexpr = "", NORM: tl.constexpr = 0):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * ROWS_PER_BLOCK + tl.arange(0, ROWS_PER_BLOCK)
@@ -81,6 +87,16 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, N, K, k_per_split,
     acc5 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
     acc6 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
     acc7 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    # NORM: the x rows' sums of squares (the RMSNorm prologue; every row of these tiles holds the
+    # same x values, so each row sums to the whole x row's)
+    ss0 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    ss1 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    ss2 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    ss3 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    ss4 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    ss5 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    ss6 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
+    ss7 = tl.zeros([ROWS_PER_BLOCK, BLOCK_K], dtype=tl.float32)
     # STATIC_KPS is 0 on a GPU (runtime trip count, one compile for every k); the CPU interpreter
     # passes k_per_split as a constant because it cannot loop to a runtime bound with numpy >= 2.4.
     # How many W tiles are in flight (the config's num_stages, mapped by launch_plan):
@@ -123,29 +139,63 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, N, K, k_per_split,
         else:
             w = tl.load(w_rows + offs_k[None, :], mask=k_mask, other=k_other,
                         eviction_policy="evict_first").to(tl.float32)
-        acc0 += w * tl.load(x_ptr + offs_2d, mask=k_mask, other=k_other,
-                            cache_modifier=X_CACHE).to(tl.float32)
+        if NORM:  # the norm's weight along k, as x
+            nw = tl.load(norm_ptr + offs_2d, mask=k_mask, other=k_other).to(tl.float32)
+        x0 = tl.load(x_ptr + offs_2d, mask=k_mask, other=k_other,
+                     cache_modifier=X_CACHE).to(tl.float32)
+        if NORM:
+            ss0 += x0 * x0
+            x0 = x0 * nw
+        acc0 += w * x0
         if M > 1:
-            acc1 += w * tl.load(x_ptr + 1 * stride_xm + offs_2d, mask=k_mask,
-                                other=k_other, cache_modifier=X_CACHE).to(tl.float32)
+            x1 = tl.load(x_ptr + 1 * stride_xm + offs_2d, mask=k_mask, other=k_other,
+                         cache_modifier=X_CACHE).to(tl.float32)
+            if NORM:
+                ss1 += x1 * x1
+                x1 = x1 * nw
+            acc1 += w * x1
         if M > 2:
-            acc2 += w * tl.load(x_ptr + 2 * stride_xm + offs_2d, mask=k_mask,
-                                other=k_other, cache_modifier=X_CACHE).to(tl.float32)
+            x2 = tl.load(x_ptr + 2 * stride_xm + offs_2d, mask=k_mask, other=k_other,
+                         cache_modifier=X_CACHE).to(tl.float32)
+            if NORM:
+                ss2 += x2 * x2
+                x2 = x2 * nw
+            acc2 += w * x2
         if M > 3:
-            acc3 += w * tl.load(x_ptr + 3 * stride_xm + offs_2d, mask=k_mask,
-                                other=k_other, cache_modifier=X_CACHE).to(tl.float32)
+            x3 = tl.load(x_ptr + 3 * stride_xm + offs_2d, mask=k_mask, other=k_other,
+                         cache_modifier=X_CACHE).to(tl.float32)
+            if NORM:
+                ss3 += x3 * x3
+                x3 = x3 * nw
+            acc3 += w * x3
         if M > 4:
-            acc4 += w * tl.load(x_ptr + 4 * stride_xm + offs_2d, mask=k_mask,
-                                other=k_other, cache_modifier=X_CACHE).to(tl.float32)
+            x4 = tl.load(x_ptr + 4 * stride_xm + offs_2d, mask=k_mask, other=k_other,
+                         cache_modifier=X_CACHE).to(tl.float32)
+            if NORM:
+                ss4 += x4 * x4
+                x4 = x4 * nw
+            acc4 += w * x4
         if M > 5:
-            acc5 += w * tl.load(x_ptr + 5 * stride_xm + offs_2d, mask=k_mask,
-                                other=k_other, cache_modifier=X_CACHE).to(tl.float32)
+            x5 = tl.load(x_ptr + 5 * stride_xm + offs_2d, mask=k_mask, other=k_other,
+                         cache_modifier=X_CACHE).to(tl.float32)
+            if NORM:
+                ss5 += x5 * x5
+                x5 = x5 * nw
+            acc5 += w * x5
         if M > 6:
-            acc6 += w * tl.load(x_ptr + 6 * stride_xm + offs_2d, mask=k_mask,
-                                other=k_other, cache_modifier=X_CACHE).to(tl.float32)
+            x6 = tl.load(x_ptr + 6 * stride_xm + offs_2d, mask=k_mask, other=k_other,
+                         cache_modifier=X_CACHE).to(tl.float32)
+            if NORM:
+                ss6 += x6 * x6
+                x6 = x6 * nw
+            acc6 += w * x6
         if M > 7:
-            acc7 += w * tl.load(x_ptr + 7 * stride_xm + offs_2d, mask=k_mask,
-                                other=k_other, cache_modifier=X_CACHE).to(tl.float32)
+            x7 = tl.load(x_ptr + 7 * stride_xm + offs_2d, mask=k_mask, other=k_other,
+                         cache_modifier=X_CACHE).to(tl.float32)
+            if NORM:
+                ss7 += x7 * x7
+                x7 = x7 * nw
+            acc7 += w * x7
 
     if SPLIT_K == 1:
         base = out_ptr
@@ -157,23 +207,48 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, N, K, k_per_split,
     bias = tl.zeros([ROWS_PER_BLOCK], dtype=tl.float32)
     if HAS_BIAS and SPLIT_K == 1:
         bias = tl.load(bias_ptr + rows_safe).to(tl.float32)
-    # row sums over k, cast to the destination (out dtype, or the fp32 workspace)
+    # row sums over k (NORM: times each x row's 1 / rms, the norm's scale, which factors out of
+    # the sum), cast to the destination (out dtype, or the fp32 workspace)
     ty = base.dtype.element_ty
-    tl.store(base + rows, (tl.sum(acc0, axis=1) + bias).to(ty), mask=n_mask)
+    y0 = tl.sum(acc0, axis=1)
+    if NORM:
+        y0 = y0 * tl.rsqrt(tl.sum(ss0, axis=1) / K + eps)
+    tl.store(base + rows, (y0 + bias).to(ty), mask=n_mask)
     if M > 1:
-        tl.store(base + 1 * stride + rows, (tl.sum(acc1, axis=1) + bias).to(ty), mask=n_mask)
+        y1 = tl.sum(acc1, axis=1)
+        if NORM:
+            y1 = y1 * tl.rsqrt(tl.sum(ss1, axis=1) / K + eps)
+        tl.store(base + 1 * stride + rows, (y1 + bias).to(ty), mask=n_mask)
     if M > 2:
-        tl.store(base + 2 * stride + rows, (tl.sum(acc2, axis=1) + bias).to(ty), mask=n_mask)
+        y2 = tl.sum(acc2, axis=1)
+        if NORM:
+            y2 = y2 * tl.rsqrt(tl.sum(ss2, axis=1) / K + eps)
+        tl.store(base + 2 * stride + rows, (y2 + bias).to(ty), mask=n_mask)
     if M > 3:
-        tl.store(base + 3 * stride + rows, (tl.sum(acc3, axis=1) + bias).to(ty), mask=n_mask)
+        y3 = tl.sum(acc3, axis=1)
+        if NORM:
+            y3 = y3 * tl.rsqrt(tl.sum(ss3, axis=1) / K + eps)
+        tl.store(base + 3 * stride + rows, (y3 + bias).to(ty), mask=n_mask)
     if M > 4:
-        tl.store(base + 4 * stride + rows, (tl.sum(acc4, axis=1) + bias).to(ty), mask=n_mask)
+        y4 = tl.sum(acc4, axis=1)
+        if NORM:
+            y4 = y4 * tl.rsqrt(tl.sum(ss4, axis=1) / K + eps)
+        tl.store(base + 4 * stride + rows, (y4 + bias).to(ty), mask=n_mask)
     if M > 5:
-        tl.store(base + 5 * stride + rows, (tl.sum(acc5, axis=1) + bias).to(ty), mask=n_mask)
+        y5 = tl.sum(acc5, axis=1)
+        if NORM:
+            y5 = y5 * tl.rsqrt(tl.sum(ss5, axis=1) / K + eps)
+        tl.store(base + 5 * stride + rows, (y5 + bias).to(ty), mask=n_mask)
     if M > 6:
-        tl.store(base + 6 * stride + rows, (tl.sum(acc6, axis=1) + bias).to(ty), mask=n_mask)
+        y6 = tl.sum(acc6, axis=1)
+        if NORM:
+            y6 = y6 * tl.rsqrt(tl.sum(ss6, axis=1) / K + eps)
+        tl.store(base + 6 * stride + rows, (y6 + bias).to(ty), mask=n_mask)
     if M > 7:
-        tl.store(base + 7 * stride + rows, (tl.sum(acc7, axis=1) + bias).to(ty), mask=n_mask)
+        y7 = tl.sum(acc7, axis=1)
+        if NORM:
+            y7 = y7 * tl.rsqrt(tl.sum(ss7, axis=1) / K + eps)
+        tl.store(base + 7 * stride + rows, (y7 + bias).to(ty), mask=n_mask)
 
 
 @triton.jit
@@ -271,13 +346,26 @@ def check_config(config: dict) -> None:
                          "balanced rows)")
 
 
+def norm_capable(config: dict) -> bool:
+    """Whether the config's kernel can carry an RMSNorm prologue (`launch_plan`'s norm_weight):
+    the FMA kernel (USE_DOT 0) without split-K, whose programs each see whole x rows."""
+    return int(config.get("USE_DOT", 0)) == 0 and int(config.get("SPLIT_K", 1)) == 1
+
+
 def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
                 backend: str | None = None) -> tuple[torch.Tensor, list[KernelCall]]:
     """The output and the kernel calls of y = x @ weight.T (+ bias, fused in the epilogue) for
     inputs {"x": [m, k] (m <= 8), "weight": [n, k] contiguous in k, "bias": [n] or absent};
-    works on meta tensors (offline compiles)."""
+    works on meta tensors (offline compiles).
+
+    With "norm_weight" [k] (and "eps", default 1e-6) the kernel computes
+    y = (rmsnorm(x) * norm_weight) @ weight.T (+ bias) from the raw x rows: each x row's sum of
+    squares accumulates in the same loop as the products with norm_weight * x, and the row's
+    1 / sqrt(mean(x²) + eps) scales the row sums at the end (the norm's own launch, and its
+    rounding of the normed x to x's dtype, are gone). Only a `norm_capable` config."""
     check_config(config)
     x, weight, bias = inputs["x"], inputs["weight"], inputs.get("bias")
+    norm_weight = inputs.get("norm_weight")
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"gemv needs x[m, k] and weight[n, k], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")
@@ -293,6 +381,13 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
         if bias.shape != (n,):
             raise ValueError(f"gemv bias must be [{n}], got {tuple(bias.shape)}")
         bias = bias.contiguous()
+    if norm_weight is not None:
+        if not norm_capable(config):
+            raise ValueError("gemv's RMSNorm prologue needs USE_DOT 0 and SPLIT_K 1, got "
+                             f"USE_DOT {config.get('USE_DOT', 0)}, SPLIT_K {config['SPLIT_K']}")
+        if norm_weight.shape != (k,):
+            raise ValueError(f"gemv norm_weight must be [{k}], got {tuple(norm_weight.shape)}")
+        norm_weight = norm_weight.contiguous()
     if out is None:
         out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     elif out.shape != (m, n) or out.stride(1) != 1:
@@ -325,11 +420,15 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     meta = dict(M=m, ROWS_PER_BLOCK=rows, BLOCK_K=block_k, SPLIT_K=split_k,
                 EVEN_K=kps * split_k == k,  # every slice is whole BLOCK_Ks inside k: no k mask
                 HAS_BIAS=has_bias, STATIC_KPS=kps if interpreting() else 0)
+    strides = (x.stride(0), weight.stride(0), out.stride(0))
     if kernel is _gemv_kernel:  # num_stages: 1 plain, 2 register double buffer, 3+ cp.async
         stages = int(config.get("num_stages", 1))
         meta.update(PIPE_STAGES=stages if stages > 2 else 1, W_PREFETCH=int(stages == 2),
-                    X_CACHE=".ca" if stages > 2 else "")
-    args = (x, weight, out, part, bias_arg, n, k, kps, x.stride(0), weight.stride(0), out.stride(0))
+                    X_CACHE=".ca" if stages > 2 else "", NORM=int(norm_weight is not None))
+        args = (x, weight, out, part, bias_arg, out if norm_weight is None else norm_weight,
+                n, k, kps, float(inputs.get("eps", 1e-6)), *strides)
+    else:
+        args = (x, weight, out, part, bias_arg, n, k, kps, *strides)
     calls = [KernelCall(kernel, (cdiv(n, rows), split_k), args, meta,
                         launch_options(config, backend, num_stages=1))]
     if split_k > 1:
@@ -347,12 +446,16 @@ def _reduce_call(part, out, bias, m: int, n: int, split_k: int) -> KernelCall:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config: dict, out: torch.Tensor | None = None,
-         bias: torch.Tensor | None = None) -> torch.Tensor:
+         bias: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+         eps: float = 1e-6) -> torch.Tensor:
     """y = x @ weight.T (+ bias, fused in the epilogue) with the Triton kernel; x [m, k] (m <= 8),
-    weight [n, k] contiguous in k, bias [n]."""
+    weight [n, k] contiguous in k, bias [n]. With norm_weight [k]: y = (rmsnorm(x, eps) *
+    norm_weight) @ weight.T (+ bias), the norm carried by the kernel (`launch_plan`)."""
     inputs = {"x": x, "weight": weight}
     if bias is not None:
         inputs["bias"] = bias
+    if norm_weight is not None:
+        inputs.update(norm_weight=norm_weight, eps=eps)
     out, calls = launch_plan(inputs, config, out)
     for call in calls:
         call.run()
@@ -435,15 +538,20 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
 # ------------------------------------------------------------------------------------- family
 def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
     """x[m, k] and weight[n, k] with values ~ N(0, 1) / sqrt-scaled W (never zeros); with
-    shape["bias"] also bias[n] (the addmm rows of a trace: q/k/v projections with bias).
+    shape["bias"] also bias[n] (the addmm rows of a trace: q/k/v projections with bias); with
+    shape["norm"] also norm_weight[k] ~ 1 + N(0, 0.1) and eps 1e-6 (the RMSNorm prologue that
+    tuner.serving folds into the kernel: tests and offline compiles; no trace shape has it).
     device="meta": shapes only (offline compiles)."""
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
     dtype = DTYPES[str(shape.get("dtype", "bfloat16"))]
     dims = {"x": (m, k), "weight": (n, k)}
     if shape.get("bias"):
         dims["bias"] = (n,)
+    if shape.get("norm"):
+        dims["norm_weight"] = (k,)
     if torch.device(device).type == "meta":
-        return {name: torch.empty(size, dtype=dtype, device="meta") for name, size in dims.items()}
+        inputs = {name: torch.empty(size, dtype=dtype, device="meta") for name, size in dims.items()}
+        return dict(inputs, eps=1e-6) if shape.get("norm") else inputs
     gen = torch.Generator(device=device)
     gen.manual_seed(int(seed))
     x = torch.randn(dims["x"], generator=gen, device=device, dtype=torch.float32).to(dtype)
@@ -453,19 +561,40 @@ def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
     if "bias" in dims:
         inputs["bias"] = torch.randn((n,), generator=gen, device=device,
                                      dtype=torch.float32).to(dtype)
+    if "norm_weight" in dims:
+        inputs["norm_weight"] = (1 + 0.1 * torch.randn((k,), generator=gen, device=device,
+                                                       dtype=torch.float32)).to(dtype)
+        inputs["eps"] = 1e-6
     return inputs
 
 
 def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
-    return gemv(inputs["x"], inputs["weight"], config, out=out, bias=inputs.get("bias"))
+    return gemv(inputs["x"], inputs["weight"], config, out=out, bias=inputs.get("bias"),
+                norm_weight=inputs.get("norm_weight"), eps=inputs.get("eps", 1e-6))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm (Llama, Mistral, Qwen2/3), operation for operation: the mean of
+    squares in fp32, the normed x cast back to x's dtype, then times the weight."""
+    normed = x.to(torch.float32)
+    normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def _rms_normed(x: torch.Tensor, inputs: dict) -> torch.Tensor:
+    """x through the inputs' RMSNorm, if they have one (the reference: in fp32 throughout)."""
+    if inputs.get("norm_weight") is None:
+        return x
+    return rms_norm(x, inputs["norm_weight"].to(x.dtype), inputs.get("eps", 1e-6))
 
 
 def baseline(inputs: dict) -> torch.Tensor:
-    return torch.nn.functional.linear(inputs["x"], inputs["weight"], inputs.get("bias"))
+    return torch.nn.functional.linear(_rms_normed(inputs["x"], inputs), inputs["weight"],
+                                      inputs.get("bias"))
 
 
 def reference(inputs: dict) -> torch.Tensor:
-    out = inputs["x"].float() @ inputs["weight"].float().T
+    out = _rms_normed(inputs["x"].float(), inputs) @ inputs["weight"].float().T
     if inputs.get("bias") is not None:
         out = out + inputs["bias"].float()
     return out

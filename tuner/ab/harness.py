@@ -227,7 +227,7 @@ def grouped_sdpa_attention(own, form):
     (tuner.baselines.grouped_sdpa: no repeat_kv copy), and every other call (prefill, an
     ungrouped or unusual call) through `own`, transformers' own function."""
     from ..baselines import grouped_sdpa_op
-    from ..serving import _plain_kwargs
+    from ..layouts import plain_kwargs
 
     op = grouped_sdpa_op()
 
@@ -238,7 +238,7 @@ def grouped_sdpa_attention(own, form):
         if mask is not None and mask.dim() == 4:
             mask = mask[:, :, :, : key.shape[-2]]  # as transformers' SDPA path slices it
         if (rows == 1 and not dropout and key.dim() == 4 and value.shape == key.shape
-                and key.shape[1] < heads and heads % key.shape[1] == 0 and _plain_kwargs(kwargs)
+                and key.shape[1] < heads and heads % key.shape[1] == 0 and plain_kwargs(kwargs)
                 and not torch.is_grad_enabled()
                 and (mask is None or mask.dim() == 4 and mask.shape[2] == 1
                      and (mask.shape[1] == 1 or form.layout == "gqa"))):

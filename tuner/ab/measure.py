@@ -91,6 +91,7 @@ class ABSettings:
     # default mode against a step a user would otherwise run in max-autotune
     tuned_step: str = ""
     grouped_attention: bool = True  # a grouped-KV transformers model: SDPA on the grouped cache
+    fold_norms: bool = True  # tuner.serving.install's fold_norms in the tuned arm
     # the step measured (tuner.ab.harness.PHASES): "decode" (the harness's decode step),
     # "prefill" (the first forward of a prompt_tokens-token prompt) or "mixed" (the decode batch
     # plus one prefill chunk of prompt_tokens tokens); prefill and mixed: --hf-config only
@@ -177,7 +178,8 @@ class _Arm:
                 self._capture()
             if handle is not None:
                 self.serving = {"status": handle.status(), "hits": handle.hits(),
-                                "misses": handle.misses(), "linears": len(handle.linears)}
+                                "misses": handle.misses(), "linears": len(handle.linears),
+                                "norms_folded": len(handle.norms)}
 
     def _capture(self) -> None:
         h = self.harness
@@ -381,7 +383,8 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
 
     @contextlib.contextmanager
     def serve():
-        handle = serving.install(model, export_dir=settings.export_dir, families=settings.families)
+        handle = serving.install(model, export_dir=settings.export_dir, families=settings.families,
+                                 fold_norms=settings.fold_norms)
         try:
             yield handle
         finally:

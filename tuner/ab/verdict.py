@@ -537,7 +537,10 @@ def markdown(v: ABVerdict) -> str:
              + (f" Tuned arm: the export under {v.tuned_step_mode}."
                 if v.tuned_step != v.baseline else "")
              + (f" Decode attention of the baseline arms: {v.attention_baseline} on the grouped "
-                f"KV cache." if v.attention_baseline else ""), ""]
+                f"KV cache." if v.attention_baseline else "")
+             + (f" Tuned arm: {v.serving['norms_folded']} decoder-layer RMSNorms folded into the "
+                f"projections they feed (tuner.norm_linear)."
+                if (v.serving or {}).get("norms_folded") else ""), ""]
     if v.crashed:
         return "\n".join(lines + [f"**Crashed:** {v.crashed}", "", "Verdict: FAIL (exit 3)", ""])
     lines += ["| arm | µs/step | spread |", "|---|---:|---:|"]

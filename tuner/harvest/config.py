@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 __all__ = [
     "Dialect", "KINETO", "KINETO_2021", "DIALECTS", "CATEGORY_KINDS",
-    "GEMM_CORE", "GEMM_WRAPPERS", "GEMM_OPS", "LINEAR_OPS", "ATTN_BHLD", "ATTN_BLHD",
+    "GEMM_CORE", "GEMM_WRAPPERS", "GEMM_OPS", "LINEAR_OPS", "LINEAR_WEIGHT_INPUT", "ATTN_BHLD",
+    "ATTN_BLHD",
     "ATTN_NAME_RE", "MOE_OPS", "MOE_PARTS", "MOE_TOPK_OPS", "MOE_PACKED_VIEW", "GROUPED_MM_OP",
     "INDUCTOR_KERNEL_RE", "INDUCTOR_FUSED_RE", "INDUCTOR_GEMM_RE", "INDUCTOR_GEMM_OP", "COMPILED_REGION_PREFIX",
     "StepMarker", "STEP_MARKERS", "PHASE_WORDS", "ANNOTATION_PREFIXES",
@@ -72,7 +73,10 @@ CATEGORY_KINDS: dict = {cat: (d, kind) for d in DIALECTS for cat, kind in d.cate
 GEMM_CORE = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm"})
 # tuner::linear is tuner.serving's custom op (input [..., k], weight [n, k], like aten::linear):
 # a tuned call runs Triton kernels directly under it; a miss runs aten::linear inside it.
-LINEAR_OPS = frozenset({"aten::linear", "tuner::linear"})
+# tuner::norm_linear (x [..., k], norm_weight [k], eps, weight [n, k], bias) is the same linear
+# with a decoder layer's RMSNorm folded in: its weight is input 3 (LINEAR_WEIGHT_INPUT).
+LINEAR_OPS = frozenset({"aten::linear", "tuner::linear", "tuner::norm_linear"})
+LINEAR_WEIGHT_INPUT = {"tuner::norm_linear": 3}
 GEMM_WRAPPERS = frozenset({"aten::matmul"}) | LINEAR_OPS
 GEMM_OPS = GEMM_CORE | GEMM_WRAPPERS
 

@@ -96,7 +96,8 @@ def gemm_shape(op: Op) -> dict | None:
         return _template_shape(dims, types, strides)
     if name == config.INDUCTOR_GEMV_OP:
         return reduction_linears(dims, types, strides)
-    a, b = (1, 2) if name in ("aten::addmm", "aten::baddbmm") else (0, 1)
+    a, b = (1, 2) if name in ("aten::addmm", "aten::baddbmm") else (
+        0, config.LINEAR_WEIGHT_INPUT.get(name, 1))
     da, db = _input(dims, a), _input(dims, b)
     if da is None or db is None:
         return None
