@@ -17,7 +17,7 @@
 # LAYERS: keep the first LAYERS decoder layers of every config (written under the work folder;
 #   a 48-layer MoE config and its fp32 reference do not fit one H200 together).
 # GPU_TESTS: pytest targets run first (marker gpu). AB_STEPS / AB_GROUPS / AB_REPLAYS: tuner ab's (8 / 10
-# / 8). AB_S: the timeout of one tuner ab (default 300 s; never past LIMIT_S, default 585, after
+# / 8). AB_FLAGS: more tuner ab flags for every A/B (e.g. --no-fold-norms). AB_S: the timeout of one tuner ab (default 300 s; never past LIMIT_S, default 585, after
 # the start). DEADLINE_S: no new A/B starts after this many seconds (default 500). DEVICE_JSON: a
 # saved device profile (default the H200's).
 # Writes $OUT/ab_baselines.log and $OUT/ab_baselines.tar.gz (every ab.json / ab.md, verdicts,
@@ -54,7 +54,7 @@ ab() {  # model batch export_dir out_dir baselines
   left=$(( LIMIT_S - $(date +%s) + T0 )); each=$AB_S; [ "$each" -gt "$left" ] && each=$left
   timeout "$left" python3 -m tuner.cli ab \
     --hf-config "$(config "$1")" --batch "$2" --export "$3" --baseline "$5" \
-    --steps "$AB_STEPS" --groups "$AB_GROUPS" --replays "$AB_REPLAYS" --timeout "${each}s" -o "$4" \
+    --steps "$AB_STEPS" --groups "$AB_GROUPS" --replays "$AB_REPLAYS" --timeout "${each}s" -o "$4" ${AB_FLAGS:-} \
     > "$4.log" 2>&1; echo "ab rc=$?" | tee -a "$LOG"
   grep -v "Warning\|warn\|written:\|report:\|_TORCH_SDPA" "$4.log" | tail -n 60 | tee -a "$LOG"
   rm -rf "$4"/*/traces
