@@ -612,7 +612,8 @@ def test_a_folded_norm_computes_what_the_layer_computes(device, model_type):
     assert hits == sum(1 for m in handle.linears if m is not model.lm_head) + 1
     assert rel_err(folded, expected) < 2e-2 and rel_err(folded, unfolded) < 2e-2
     assert not torch.equal(folded, unfolded)  # the norm is the kernel's, rounded once
-    assert all(not ({"forward", "_tuner_norm"} & set(m.__dict__)) for m in model.modules())
+    assert all(not ({"forward", "_tuner_linear", "_tuner_norm"} & set(m.__dict__))
+               for m in model.modules())
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     assert torch.equal(model(token).logits, expected)
 
@@ -704,3 +705,28 @@ def test_a_folded_step_harvests_its_projections_as_linears(device, tmp_path):
     for (op, *dims), calls in tables[True].items():
         merged[tuple(dims)] = merged.get(tuple(dims), 0) + calls
     assert merged == {tuple(key[1:]): calls for key, calls in tables[False].items()}
+
+
+def test_a_compiled_step_keeps_the_linears_the_export_lacks_in_the_graph(device):
+    """Compiled, an nn.Linear whose (n, k, dtype) the export has no entry of is traced as torch's
+    linear (the compiler fuses its neighbours into it); an exported one calls tuner.linear, and
+    eagerly every linear goes through the op, which counts the misses."""
+    model, inputs = make_model_and_inputs()
+    shapes = [s for fam, s in model_shapes() if fam == "gemv"]
+    write_export(device, [("gemv", shapes[0]), ("gemv", shapes[2])])  # q and up only
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with serving.installed(model, export_dir=device / "nvidia-h200", families=("gemv",)) as h:
+        eager = model(*inputs)
+        assert sum(h.misses()["gemv"].values()) == 2  # o and down, eagerly through the op
+        torch._dynamo.reset()
+        out = torch.compile(model, fullgraph=True, backend=backend)(*inputs)
+    torch._dynamo.reset()
+    assert torch.equal(out, eager)
+    ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert sum("tuner.linear" in op for op in ops) == 2
+    assert sum(op == "<built-in function linear>" for op in ops) == 2  # torch.nn.functional.linear

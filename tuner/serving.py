@@ -129,8 +129,7 @@ def _tuned(family: str, shape: dict, launch, baseline):
 
 # ------------------------------------------------------------------------------ entry points
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Drop-in for torch.nn.functional.linear: the tuned gemv (<= 8 rows) or gemm (more rows)
-    where an exported config exists for the shape, torch's linear everywhere else."""
+    """torch.nn.functional.linear: the tuned gemv (<= 8 rows) or gemm where the export has it."""
     rows = _linear_rows(x, weight, bias)
     if not rows:
         return F.linear(x, weight, bias)
@@ -178,11 +177,9 @@ def _linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
-    """linear(rms_norm(x, norm_weight, eps), weight, bias): a decoder layer's norm folded into
-    one of the projections it feeds (`install`'s fold_norms). Where the exported gemv config of
-    the linear's shape can carry the norm (tuner_kernels.gemv.norm_capable), the kernel computes
-    both from the raw x in one launch; everywhere else the norm runs (transformers' arithmetic:
-    tuner_kernels.gemv.rms_norm), then `linear`."""
+    """linear(rms_norm(x, norm_weight, eps), weight, bias), a decoder layer's norm folded into a
+    projection: one gemv launch from the raw x where the exported config can carry the norm
+    (tuner_kernels.gemv.norm_capable), else the norm (gemv.rms_norm), then `linear`."""
     from tuner_kernels import gemv
     from tuner_kernels.gemv import rms_norm
 
@@ -209,11 +206,9 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
-    """One query token per sequence: q [batch, heads, head_dim] (or [batch, heads, 1, head_dim])
-    over k / v [batch, kv_heads, kv_len, head_dim]; returns out shaped like q. `mask`: SDPA's
-    attn_mask for that one query row ([batch|1, heads|1, 1, kv_len], boolean or additive, as a
-    static KV cache needs); `scale`: SDPA's (None: 1 / sqrt(head_dim)). The tuned kernel where an
-    exported config exists (exact, else nearest kv_len), torch's SDPA elsewhere."""
+    """q [batch, heads(, 1), head_dim] over k / v [batch, kv_heads, kv_len, head_dim], out like
+    q; `mask`: SDPA's attn_mask of that query row ([batch|1, heads|1, 1, kv_len], bool or
+    additive); `scale`: SDPA's. The tuned kernel where the export has the shape, else SDPA."""
     from tuner_kernels import attention
 
     squeeze = q.dim() == 4
@@ -327,7 +322,29 @@ def _(x, w1, w2, topk_ids, topk_weights, block=-1):
 
 
 def _linear_forward(self, x):
+    if torch.compiler.is_compiling() and not _linear_routed(self.__dict__["_tuner_linear"],
+                                                            _route_key):
+        return F.linear(x, self.weight, self.bias)  # stays in the graph: the compiler's to fuse
     return torch.ops.tuner.linear(x, self.weight, self.bias)
+
+
+@torch.compiler.assume_constant_result
+def _linear_routed(structure: tuple, route_key: str) -> bool:
+    """The compiled step's decision for one nn.Linear, as `_attention_routed`: whether the
+    export has a gemv or gemm entry of `structure` (`_linear_structure`; any m). A linear
+    without one is traced as torch's linear, for the compiler to fuse its neighbours into (an
+    opaque op running torch's linear cost the Llama-3.1-8B batch-1 max-autotune step 148 µs on
+    its q/o projections, BENCHMARKS.md); eagerly every linear goes through the op (misses)."""
+    del route_key
+    gemv, gemm = _linear_structure(structure)
+    return runtime.has_entries("gemv", gemv) or runtime.has_entries("gemm", gemm)
+
+
+def _linear_structure(structure: tuple) -> tuple[dict, dict]:
+    """An installed linear's (n, k, dtype, bias) as the parts of a gemv and a gemm shape (gemm
+    keys no bias: it adds it after the kernel)."""
+    gemv = dict(structure)
+    return gemv, {k: v for k, v in gemv.items() if k != "bias"}
 
 
 def _norm_linear_forward(self, x):
@@ -336,8 +353,7 @@ def _norm_linear_forward(self, x):
 
 
 def _folded_norm_forward(self, hidden_states):
-    """A folded norm's forward: its input as it is (the projections it fed apply it)."""
-    return hidden_states
+    return hidden_states  # a folded norm: the projections it fed apply it
 
 
 def _fold_served(linear_module: torch.nn.Linear) -> bool:
@@ -346,11 +362,10 @@ def _fold_served(linear_module: torch.nn.Linear) -> bool:
     norm on its own inside the op, once per projection, where the compiled step fuses it once)."""
     from tuner_kernels import gemv
 
-    fixed = {"n": linear_module.out_features, "k": linear_module.in_features,
-             "dtype": str(linear_module.weight.dtype).removeprefix("torch.")}
-    configs = runtime.matching_configs("gemv", fixed)
+    gemv_part, gemm_part = _linear_structure(linear_module.__dict__["_tuner_linear"])
+    configs = runtime.matching_configs("gemv", gemv_part)
     return (bool(configs) and all(gemv.norm_capable(c) for c in configs)
-            and not runtime.matching_configs("gemm", fixed))
+            and not runtime.has_entries("gemm", gemm_part))
 
 
 def _experts_forward(self, *args, **kwargs):
@@ -433,18 +448,14 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
 
 def _has_attention_entry(query: torch.Tensor, key: torch.Tensor, structure: tuple = ()) -> bool:
     """Whether the attention export has a config for this decode call. A miss runs the caller's
-    own SDPA call, unchanged (under torch.compile it stays in the compiled graph): routing it
-    through the custom op only to run torch's SDPA from inside it cost 3.5 µs a call in the
-    compiled Qwen3-8B batch-32 step (BENCHMARKS.md).
-
-    Eagerly the decision is per call (exact shape, else nearest kv_len; a miss is counted).
-    While torch.compile traces, it is `_attention_routed`: a constant of the install and of
-    `structure`, the call's attention structure as plain ints ((name, value) pairs: heads,
-    kv_heads, head_dim, dtype, from the transformers module's attributes; empty from a bare SDPA
-    call, whose dimensions may be symbolic there): whether the export has an entry of that
-    structure, whatever the batch and KV length. The custom op then resolves each call's shape
-    when it runs; where the export lacks that batch, it runs the baseline inside the op (for a
-    masked grouped call, transformers' repeat-then-SDPA)."""
+    own SDPA call, unchanged (compiled, it stays in the graph: routing it through the op only to
+    run torch's SDPA inside cost 3.5 µs a call in the compiled Qwen3-8B batch-32 step,
+    BENCHMARKS.md). Eagerly the decision is per call (exact shape, else nearest kv_len; a miss
+    is counted); while torch.compile traces, it is `_attention_routed` of `structure`, the
+    call's attention structure as plain (name, value) ints from the transformers module (heads,
+    kv_heads, head_dim, dtype; empty from a bare SDPA call, whose dimensions may be symbolic).
+    The op then resolves each call's shape; without an entry of that batch it runs the baseline
+    inside (for a masked grouped call, transformers' repeat-then-SDPA)."""
     if "attention" not in _enabled or query.dtype not in DTYPES:
         return False
     dtype = str(query.dtype).removeprefix("torch.")
@@ -464,20 +475,15 @@ def _has_attention_entry(query: torch.Tensor, key: torch.Tensor, structure: tupl
 @torch.compiler.assume_constant_result
 def _attention_routed(structure: tuple, route_key: str) -> bool:
     """The compiled step's routing decision (plain values in, a bool out): whether the
-    install's attention export has an entry of `structure` (any entry when it is empty;
-    tuner.runtime.has_entries).
+    install's attention export has an entry of `structure` (any entry when it is empty).
 
-    Dynamo calls this once per compile and keeps the answer as a constant instead of tracing the
-    export lookup: tracing it guarded the compiled step on tuner.runtime's call counters, so
-    every call recompiled the attention frame until Dynamo's recompile limit, after which that
-    frame ran eagerly in every arm (the compiled A/B's tuned and A/A arms: BENCHMARKS.md,
-    2026-12-01 night). It takes no tensor dimension: under dynamic shapes they are symbolic, and
-    a constant cannot depend on them (a module's int attributes are constants there).
-    `route_key` (the install's export folder, its manifest's size, time and inode, and the
-    families) makes an install of another or a rewritten export
-    recompile rather than reuse an answer from the earlier one, while installing the same export
-    again (as `tuner ab` does to profile its tuned arm under a new capture) reuses the compiled
-    step: nothing compiles inside that capture."""
+    Dynamo calls this once per compile and keeps the answer as a constant: tracing the export
+    lookup guarded the compiled step on tuner.runtime's call counters, so every call recompiled
+    the attention frame until Dynamo's recompile limit, after which it ran eagerly in every arm
+    (BENCHMARKS.md, 2026-12-01 night). It takes no tensor dimension (symbolic under dynamic
+    shapes). `route_key` (the export folder, its manifest's size, time and inode, the families)
+    makes an install of another or a rewritten export recompile, while installing the same
+    export again (as `tuner ab` does to profile its tuned arm) reuses the compiled step."""
     del route_key
     return runtime.has_entries("attention", dict(structure))
 
@@ -572,7 +578,7 @@ class Installed:
         if not self.active:
             return
         for module in self.linears:
-            for name in ("forward", "_tuner_norm"):
+            for name in ("forward", "_tuner_linear", "_tuner_norm"):
                 module.__dict__.pop(name, None)
         for module in self.norms:
             module.__dict__.pop("forward", None)
@@ -602,13 +608,9 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
     handle. `export_dir`: a folder holding <family>.json and manifest.json (default:
     $TUNER_EXPORT_DIR, else artifacts/export/<this device>/).
 
-    `fold_norms`: a decoder layer's RMSNorm (`norm_folds`) whose every projection the export
-    serves with the norm carried (`_fold_served`: norm-capable gemv configs only) is folded: the
-    norm's forward returns its input and those projections run ``tuner.norm_linear``, the
-    gemv kernel computing the norm and the product in one launch (a compiled step otherwise runs
-    the norm as a kernel of its own before the opaque linear). Calls of other row counts (a
-    prefill) run the norm inside the op, once per projection. The folded output is rounded
-    once, from the fp32 sums, where the unfolded one rounds the normed x to its dtype first."""
+    `fold_norms`: fold each decoder-layer RMSNorm (tuner.layouts.norm_folds) whose every
+    projection the export serves with norm-capable gemv configs (`_fold_served`) into those
+    projections (tuner.norm_linear; docs/ab.md, "Folded norms")."""
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         from .errors import TunerError
@@ -631,6 +633,11 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
     if "gemv" in families or "gemm" in families:
         for module in model.modules():
             if isinstance(module, torch.nn.Linear) and "forward" not in module.__dict__:
+                # plain values: constants under torch.compile (`_linear_routed`)
+                module.__dict__["_tuner_linear"] = (
+                    ("n", module.out_features), ("k", module.in_features),
+                    ("dtype", str(module.weight.dtype).removeprefix("torch.")),
+                    ("bias", None if module.bias is None else 1))  # gemv's key: bias=1 or none
                 module.forward = types.MethodType(_linear_forward, module)
                 handle.linears.append(module)
     if fold_norms and "gemv" in families:
