@@ -210,44 +210,60 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, norm_ptr, N, K, k_pe
     # row sums over k (NORM: times each x row's 1 / rms, the norm's scale, which factors out of
     # the sum), cast to the destination (out dtype, or the fp32 workspace)
     ty = base.dtype.element_ty
-    y0 = tl.sum(acc0, axis=1)
-    if NORM:
-        y0 = y0 * tl.rsqrt(tl.sum(ss0, axis=1) / K + eps)
+    if NORM:  # one reduction of both sums
+        y0, s0 = tl.split(tl.sum(tl.join(acc0, ss0), axis=1))
+        y0 = y0 * tl.rsqrt(s0 / K + eps)
+    else:
+        y0 = tl.sum(acc0, axis=1)
     tl.store(base + rows, (y0 + bias).to(ty), mask=n_mask)
     if M > 1:
-        y1 = tl.sum(acc1, axis=1)
-        if NORM:
-            y1 = y1 * tl.rsqrt(tl.sum(ss1, axis=1) / K + eps)
+        if NORM:  # one reduction of both sums
+            y1, s1 = tl.split(tl.sum(tl.join(acc1, ss1), axis=1))
+            y1 = y1 * tl.rsqrt(s1 / K + eps)
+        else:
+            y1 = tl.sum(acc1, axis=1)
         tl.store(base + 1 * stride + rows, (y1 + bias).to(ty), mask=n_mask)
     if M > 2:
-        y2 = tl.sum(acc2, axis=1)
-        if NORM:
-            y2 = y2 * tl.rsqrt(tl.sum(ss2, axis=1) / K + eps)
+        if NORM:  # one reduction of both sums
+            y2, s2 = tl.split(tl.sum(tl.join(acc2, ss2), axis=1))
+            y2 = y2 * tl.rsqrt(s2 / K + eps)
+        else:
+            y2 = tl.sum(acc2, axis=1)
         tl.store(base + 2 * stride + rows, (y2 + bias).to(ty), mask=n_mask)
     if M > 3:
-        y3 = tl.sum(acc3, axis=1)
-        if NORM:
-            y3 = y3 * tl.rsqrt(tl.sum(ss3, axis=1) / K + eps)
+        if NORM:  # one reduction of both sums
+            y3, s3 = tl.split(tl.sum(tl.join(acc3, ss3), axis=1))
+            y3 = y3 * tl.rsqrt(s3 / K + eps)
+        else:
+            y3 = tl.sum(acc3, axis=1)
         tl.store(base + 3 * stride + rows, (y3 + bias).to(ty), mask=n_mask)
     if M > 4:
-        y4 = tl.sum(acc4, axis=1)
-        if NORM:
-            y4 = y4 * tl.rsqrt(tl.sum(ss4, axis=1) / K + eps)
+        if NORM:  # one reduction of both sums
+            y4, s4 = tl.split(tl.sum(tl.join(acc4, ss4), axis=1))
+            y4 = y4 * tl.rsqrt(s4 / K + eps)
+        else:
+            y4 = tl.sum(acc4, axis=1)
         tl.store(base + 4 * stride + rows, (y4 + bias).to(ty), mask=n_mask)
     if M > 5:
-        y5 = tl.sum(acc5, axis=1)
-        if NORM:
-            y5 = y5 * tl.rsqrt(tl.sum(ss5, axis=1) / K + eps)
+        if NORM:  # one reduction of both sums
+            y5, s5 = tl.split(tl.sum(tl.join(acc5, ss5), axis=1))
+            y5 = y5 * tl.rsqrt(s5 / K + eps)
+        else:
+            y5 = tl.sum(acc5, axis=1)
         tl.store(base + 5 * stride + rows, (y5 + bias).to(ty), mask=n_mask)
     if M > 6:
-        y6 = tl.sum(acc6, axis=1)
-        if NORM:
-            y6 = y6 * tl.rsqrt(tl.sum(ss6, axis=1) / K + eps)
+        if NORM:  # one reduction of both sums
+            y6, s6 = tl.split(tl.sum(tl.join(acc6, ss6), axis=1))
+            y6 = y6 * tl.rsqrt(s6 / K + eps)
+        else:
+            y6 = tl.sum(acc6, axis=1)
         tl.store(base + 6 * stride + rows, (y6 + bias).to(ty), mask=n_mask)
     if M > 7:
-        y7 = tl.sum(acc7, axis=1)
-        if NORM:
-            y7 = y7 * tl.rsqrt(tl.sum(ss7, axis=1) / K + eps)
+        if NORM:  # one reduction of both sums
+            y7, s7 = tl.split(tl.sum(tl.join(acc7, ss7), axis=1))
+            y7 = y7 * tl.rsqrt(s7 / K + eps)
+        else:
+            y7 = tl.sum(acc7, axis=1)
         tl.store(base + 7 * stride + rows, (y7 + bias).to(ty), mask=n_mask)
 
 
