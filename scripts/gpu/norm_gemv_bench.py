@@ -2,9 +2,8 @@
 
 For each 8B decode linear at m = 1 (NORM_SHAPES, default the Llama-3.1-8B projections) and each
 norm-capable config of the cuda space (USE_DOT 0, SPLIT_K 1: ROWS_PER_BLOCK 1-8, BLOCK_K
-1024/2048, 4/8 warps, num_stages 1/2), time the plain kernel and the kernel carrying the norm
-(tuner.bench.time_config, cold input sets rotated past L2, CUDA-graph replays, medians), and the
-norm-capable default config. What it answers: which config a folded projection should run, and
+1024/2048, 4/8 warps, num_stages NORM_STAGES, default 1), time the plain kernel and the kernel carrying the norm
+(tuner.bench.time_config, cold input sets rotated past L2, CUDA-graph replays, medians). What it answers: which config a folded projection should run, and
 what carrying the norm costs the kernel against the launch of a norm of its own.
 Prints one line per config, then the best per shape; writes $OUT/norm_gemv_bench.json.
 CPU smoke (interpreter, tiny shapes): NORM_SMOKE=1 TRITON_INTERPRET=1 python scripts/gpu/norm_gemv_bench.py
@@ -25,6 +24,7 @@ DEVICE, CACHE = ("cpu", "warm") if SMOKE else (None, "cold")
 OUT = os.environ.get("OUT", "artifacts/gpu")
 SHAPES = [tuple(int(v) for v in s.split("x"))
           for s in os.environ.get("NORM_SHAPES", "14336x4096,1024x4096,4096x4096,4096x14336").split(",")]
+STAGES = tuple(int(v) for v in os.environ.get("NORM_STAGES", "1").split(","))
 if SMOKE:
     SHAPES = [(64, 256)]
 
@@ -32,7 +32,7 @@ if SMOKE:
 def configs(shape: dict) -> list[dict]:
     space = space_for("gemv", "cuda")
     found = []
-    for rows, block_k, warps, stages in itertools.product((1, 2, 4, 8), (1024, 2048), (4, 8), (1, 2)):
+    for rows, block_k, warps, stages in itertools.product((1, 2, 4, 8), (1024, 2048), (4, 8), STAGES):
         config = {"ROWS_PER_BLOCK": rows, "BLOCK_K": block_k, "SPLIT_K": 1, "num_warps": warps,
                   "USE_DOT": 0, "num_stages": stages, "BALANCE_N": 0}
         if SMOKE:
