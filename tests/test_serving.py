@@ -601,10 +601,10 @@ def test_a_folded_norm_computes_what_the_layer_computes(device, model_type):
     expected = model(token).logits
     export_linears_of(model, device)
     folder = device / "nvidia-h200"
-    with serving.installed(model, export_dir=folder, fold_norms=False) as handle:
-        assert handle.norms == []
-        unfolded = model(token).logits
     with serving.installed(model, export_dir=folder) as handle:
+        assert handle.norms == []  # off by default
+        unfolded = model(token).logits
+    with serving.installed(model, export_dir=folder, fold_norms=True) as handle:
         dense_mlps = sum(hasattr(layer.mlp, "gate_proj") for layer in model.model.layers)
         assert len(handle.norms) == len(model.model.layers) + dense_mlps
         folded = model(token).logits
@@ -627,7 +627,7 @@ def test_a_norm_folds_only_where_every_projection_carries_it(device):
            "num_stages": 2, "BALANCE_N": 0}
     shapes = export_linears_of(model, device, lambda s: dot if s["n"] == k_proj.out_features
                                and s["k"] == k_proj.in_features else None)
-    with serving.installed(model, export_dir=device / "nvidia-h200") as handle:
+    with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=True) as handle:
         assert runtime.matching_configs("gemv", {"n": 32, "k": 64}) == [dot]  # k_proj, v_proj
         folded = {id(n) for n in handle.norms}
         layers = model.model.layers
@@ -636,7 +636,7 @@ def test_a_norm_folds_only_where_every_projection_carries_it(device):
     prefill = {"m": 16, "n": 128, "k": 64, "dtype": "bfloat16", "layout": "NT"}  # gate/up
     write_export(device, [("gemv", shape) for shape in shapes] + [("gemm", prefill)])
     runtime.reset()
-    with serving.installed(model, export_dir=device / "nvidia-h200") as handle:
+    with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=True) as handle:
         assert handle.norms and all(id(layer.post_attention_layernorm) not in
                                     {id(n) for n in handle.norms} for layer in layers)
 
@@ -653,7 +653,7 @@ def test_the_folded_step_compiles_in_one_graph_without_the_norm(device):
         graphs.append(gm)
         return gm.forward
 
-    with serving.installed(model, export_dir=device / "nvidia-h200"):
+    with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=True):
         eager = model(token).logits
         torch._dynamo.reset()
         compiled = torch.compile(model, fullgraph=True, backend=backend)

@@ -282,7 +282,7 @@ ident = runtime.current_identity()
 if not ident:
     print(json.dumps({"skip": "no device identity"}))
     sys.exit(0)
-one_row = {"ROWS_PER_BLOCK": 1, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "USE_DOT": 0,
+one_row = {"ROWS_PER_BLOCK": 1, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 2, "USE_DOT": 0,
            "num_stages": 1, "BALANCE_N": 0}
 h = make_harness(hf_factory(config_path), batch=1, prompt=16, steps=8, dtype=torch.bfloat16,
                  device="cuda")
@@ -302,7 +302,8 @@ with torch.no_grad():
                            fold_norms=False):
         unfolded = h.decode().clone()
     h.prefill()
-    with serving.installed(h.model, export_dir=root + "/" + ident["key"], families=("gemv",)) as hd:
+    with serving.installed(h.model, export_dir=root + "/" + ident["key"], families=("gemv",),
+                           fold_norms=True) as hd:
         folded = len(hd.norms)
         hd.warmup(h.decode)
         h.prefill()

@@ -602,7 +602,7 @@ class Installed:
 
 
 def install(model: torch.nn.Module, export_dir: str | Path | None = None,
-            families: tuple[str, ...] = FAMILIES, fold_norms: bool = True) -> Installed:
+            families: tuple[str, ...] = FAMILIES, fold_norms: bool = False) -> Installed:
     """Route `model`'s nn.Linear modules (decode SDPA with "attention" in `families`, the experts
     of its MoE blocks with "moe": `moe_layout`) through the exported configs; returns the
     handle. `export_dir`: a folder holding <family>.json and manifest.json (default:
@@ -691,7 +691,7 @@ def _install_key(families: tuple) -> str:
 
 @contextlib.contextmanager
 def installed(model: torch.nn.Module, export_dir: str | Path | None = None,
-              families: tuple[str, ...] = FAMILIES, fold_norms: bool = True):
+              families: tuple[str, ...] = FAMILIES, fold_norms: bool = False):
     """`with installed(model): ...` installs for the block and uninstalls after it."""
     handle = install(model, export_dir, families, fold_norms)
     try:

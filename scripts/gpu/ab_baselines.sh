@@ -17,7 +17,7 @@
 # LAYERS: keep the first LAYERS decoder layers of every config (written under the work folder;
 #   a 48-layer MoE config and its fp32 reference do not fit one H200 together).
 # GPU_TESTS: pytest targets run first (marker gpu). AB_STEPS / AB_GROUPS / AB_REPLAYS: tuner ab's (8 / 10
-# / 8). AB_FLAGS: more tuner ab flags for every A/B (e.g. --no-fold-norms). AB_S: the timeout of one tuner ab (default 300 s; never past LIMIT_S, default 585, after
+# / 8). AB_FLAGS: more tuner ab flags for every A/B (e.g. --fold-norms). AB_S: the timeout of one tuner ab (default 300 s; never past LIMIT_S, default 585, after
 # the start). DEADLINE_S: no new A/B starts after this many seconds (default 500). DEVICE_JSON: a
 # saved device profile (default the H200's).
 # Writes $OUT/ab_baselines.log and $OUT/ab_baselines.tar.gz (every ab.json / ab.md, verdicts,

@@ -91,7 +91,7 @@ class ABSettings:
     # default mode against a step a user would otherwise run in max-autotune
     tuned_step: str = ""
     grouped_attention: bool = True  # a grouped-KV transformers model: SDPA on the grouped cache
-    fold_norms: bool = True  # tuner.serving.install's fold_norms in the tuned arm
+    fold_norms: bool = False  # tuner.serving.install's fold_norms in the tuned arm
     # the step measured (tuner.ab.harness.PHASES): "decode" (the harness's decode step),
     # "prefill" (the first forward of a prompt_tokens-token prompt) or "mixed" (the decode batch
     # plus one prefill chunk of prompt_tokens tokens); prefill and mixed: --hf-config only

@@ -85,10 +85,10 @@ def _add_ab(sub) -> None:
                    "--tuned-step compile: the export under Inductor's default mode against "
                    "max-autotune, the switch a max-autotune user makes (the A/A arm stays the "
                    "baseline's)")
-    p.add_argument("--no-fold-norms", action="store_true",
-                   help="keep every decoder-layer RMSNorm a step of its own in the tuned arm "
-                   "(default: a norm whose projections the export serves with norm-capable gemv "
-                   "configs is folded into them, tuner.serving.install's fold_norms)")
+    p.add_argument("--fold-norms", action="store_true",
+                   help="in the tuned arm, fold each decoder-layer RMSNorm whose projections the "
+                   "export serves with norm-capable gemv configs into them (tuner.serving.install's "
+                   "fold_norms; off by default: measured slower, BENCHMARKS.md)")
     p.add_argument("--compile", action="store_true",
                    help="the same as --baseline compile (kept for older scripts)")
     p.add_argument("--compile-backend", default="inductor", metavar="NAME",
@@ -143,7 +143,7 @@ def cmd_ab(args) -> int:
                              compile=args.compile_backend,
                              grouped_attention=not args.transformers_attention,
                              phase=args.phase, prompt_tokens=args.prompt_tokens,
-                             tuned_step=tuned, fold_norms=not args.no_fold_norms)
+                             tuned_step=tuned, fold_norms=args.fold_norms)
     return ab.run(spec, batches=batches, settings=settings, baselines=baselines,
                   out_root=args.output, timeout_s=parse_duration(args.timeout))
 
