@@ -626,3 +626,37 @@ def test_kernel_totals_are_per_step_of_a_real_trace(shared_traces):
     us, launches = totals["nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"]
     assert us > 0 and launches * steps == pytest.approx(round(launches * steps))
     assert sum(us for us, _ in totals.values()) > 1000.0  # the 0.5B decode step's GPU time
+
+
+def test_fold_norms_folds_the_tuned_arms_norms_and_says_so(monkeypatch, tmp_path):
+    """tuner ab --fold-norms on a small Llama (CPU, interpreter): the tuned arm folds each decoder
+    layer's two norms (every projection exported with a norm-capable config), its outputs stay
+    as accurate as the baseline's, ab.md says how many were folded; without the flag none is."""
+    pytest.importorskip("transformers")
+    from test_serving import IDENTITY, write_export
+
+    monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
+    monkeypatch.delenv("TUNER_EXPORT_DIR", raising=False)
+    runtime.reset()
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 256,
+              "rms_norm_eps": 1e-5, "head_dim": 16}
+    path = tmp_path / "tiny_llama.json"
+    path.write_text(json.dumps(config))
+    shapes = [{"m": 1, "n": n, "k": k, "dtype": "bfloat16"}
+              for n, k in ((64, 64), (32, 64), (128, 64), (64, 128), (256, 64))]
+    write_export(tmp_path / "export", [("gemv", s) for s in shapes])
+    folded = {}
+    for fold in (True, False):
+        settings = ABSettings(batch=1, prompt=4, steps=2, groups=1, replays=1, device="cpu",
+                              export_dir=str(tmp_path / "export" / "nvidia-h200"),
+                              out_dir=str(tmp_path / f"ab-{fold}"), families=("gemv",),
+                              profile=False, fold_norms=fold)
+        data = measure(("hf", str(path)), settings, lambda stage: None)
+        folded[fold] = data["serving"]["norms_folded"]
+        v = abv.decide(data, label="tiny")
+        assert v.outputs["error_ratio"] < 1.25
+        assert ("4 decoder-layer RMSNorms folded" in abv.markdown(v)) == fold
+    assert folded == {True: 4, False: 0}
+    runtime.reset()
