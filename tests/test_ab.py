@@ -638,12 +638,10 @@ def test_fold_norms_folds_the_tuned_arms_norms_and_says_so(monkeypatch, tmp_path
     monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
     monkeypatch.delenv("TUNER_EXPORT_DIR", raising=False)
     runtime.reset()
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 256,
-              "rms_norm_eps": 1e-5, "head_dim": 16}
+    from test_harvest_transformers import TINY_LLAMA
+
     path = tmp_path / "tiny_llama.json"
-    path.write_text(json.dumps(config))
+    path.write_text(json.dumps(dict(TINY_LLAMA, num_hidden_layers=2)))
     shapes = [{"m": 1, "n": n, "k": k, "dtype": "bfloat16"}
               for n, k in ((64, 64), (32, 64), (128, 64), (64, 128), (256, 64))]
     write_export(tmp_path / "export", [("gemv", s) for s in shapes])

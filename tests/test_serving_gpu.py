@@ -90,6 +90,28 @@ def run_case(tmp_path, family: str, m: int, configs: list) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# a small Llama (8 query heads on 2 KV heads, 2 layers) for the transformers children
+SMALL_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+               "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
+               "num_hidden_layers": 2, "vocab_size": 1024, "max_position_embeddings": 256,
+               "rms_norm_eps": 1e-5, "head_dim": 64}
+
+
+def run_llama_child(child: str, tmp_path) -> dict:
+    """Run `child` (argv: repository, export root, SMALL_LLAMA's config file; `capture_decode`
+    defined) compiled, in its own process; its JSON result (skips where the child says so)."""
+    path = tmp_path / "llama.json"
+    path.write_text(json.dumps(SMALL_LLAMA))
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", CAPTURE_DECODE + child, str(ROOT), str(tmp_path / "e"),
+                           str(path)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skip" in result:
+        pytest.skip(result["skip"])
+    return result
+
+
 def _gpu_or_skip():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
@@ -185,7 +207,10 @@ def test_decode_attention_captures_and_replays(tmp_path, case):
         assert result["rel_err_next"] < 2e-2, result
 
 
-HF_CHILD = r'''
+# what the transformers children share: the imports, their argv (repository, export root,
+# config), a skip without a device identity, and the capture of a harness's decode step as tuner
+# ab captures it (two warm-ups on a side stream, then the capture: the graph and its output)
+CAPTURE_DECODE = r'''
 import json, sys, torch
 sys.path.insert(0, sys.argv[1] + "/tests")
 from tuner import runtime, serving
@@ -196,6 +221,25 @@ ident = runtime.current_identity()
 if not ident:
     print(json.dumps({"skip": "no device identity"}))
     sys.exit(0)
+
+
+def capture_decode(h):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            h.prefill()
+            h.decode()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    h.prefill()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = h.decode()
+    return graph, out
+'''
+
+HF_CHILD = r'''
 h = make_harness(hf_factory(config_path), batch=4, prompt=16, steps=8, dtype=torch.bfloat16,
                  device="cuda")
 with torch.no_grad():
@@ -217,18 +261,7 @@ with torch.no_grad():
         hd.warmup(h.decode)
         h.prefill()
         tuned_eager = h.decode().clone()
-        side = torch.cuda.Stream()  # as tuner ab captures: warm up on a side stream first
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                h.prefill()
-                h.decode()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        h.prefill()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = h.decode()
+        graph, out = capture_decode(h)
         hits = hd.hits()
     warned_capture = [w for w in serving._warned if w and w[0] == "capture"]
     h.prefill()
@@ -252,19 +285,7 @@ def test_a_transformers_decode_step_on_the_grouped_cache_captures_and_replays(tm
     tuned eager step bit for bit and the baseline step within bf16 rounding."""
     _gpu_or_skip()
     pytest.importorskip("transformers")
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
-              "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
-              "num_hidden_layers": 2, "vocab_size": 1024, "max_position_embeddings": 256,
-              "rms_norm_eps": 1e-5, "head_dim": 64}
-    path = tmp_path / "llama.json"
-    path.write_text(json.dumps(config))
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", HF_CHILD, str(ROOT), str(tmp_path / "e"),
-                           str(path)], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    if "skip" in result:
-        pytest.skip(result["skip"])
+    result = run_llama_child(HF_CHILD, tmp_path)
     assert result["grouped"]["kv_heads"] == 2 and result["grouped"]["heads"] == 8, result
     # 2 layers x (warm-up, eager, 2 side-stream warm-ups, capture): every call on the kernel
     assert sum(result["hits"]["attention"].values()) == 10 and not result["warned_capture"], result
@@ -272,16 +293,6 @@ def test_a_transformers_decode_step_on_the_grouped_cache_captures_and_replays(tm
 
 
 FOLD_CHILD = r'''
-import json, sys, torch
-sys.path.insert(0, sys.argv[1] + "/tests")
-from tuner import runtime, serving
-from tuner.ab.harness import hf_factory, make_harness
-from test_serving import write_export
-root, config_path = sys.argv[2], sys.argv[3]
-ident = runtime.current_identity()
-if not ident:
-    print(json.dumps({"skip": "no device identity"}))
-    sys.exit(0)
 one_row = {"ROWS_PER_BLOCK": 1, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 2, "USE_DOT": 0,
            "num_stages": 1, "BALANCE_N": 0}
 h = make_harness(hf_factory(config_path), batch=1, prompt=16, steps=8, dtype=torch.bfloat16,
@@ -308,18 +319,7 @@ with torch.no_grad():
         hd.warmup(h.decode)
         h.prefill()
         tuned_eager = h.decode().clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                h.prefill()
-                h.decode()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        h.prefill()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = h.decode()
+        graph, out = capture_decode(h)
         hits = hd.hits()
     warned = [w for w in serving._warned if w and w[0] in ("capture", "launch")]
     h.prefill()
@@ -344,19 +344,7 @@ def test_a_folded_decode_step_captures_and_replays(tmp_path):
     folded eager step bit for bit and the baseline step as closely as the unfolded tuned one."""
     _gpu_or_skip()
     pytest.importorskip("transformers")
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
-              "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
-              "num_hidden_layers": 2, "vocab_size": 1024, "max_position_embeddings": 256,
-              "rms_norm_eps": 1e-5, "head_dim": 64}
-    path = tmp_path / "llama.json"
-    path.write_text(json.dumps(config))
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", FOLD_CHILD, str(ROOT), str(tmp_path / "e"),
-                           str(path)], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    if "skip" in result:
-        pytest.skip(result["skip"])
+    result = run_llama_child(FOLD_CHILD, tmp_path)
     assert result["folded"] == 4 and not result["warned"], result  # 2 layers x 2 norms
     assert result["bitwise_graph_vs_eager"], result
     assert result["rel_err"] < max(2e-2, 1.5 * result["rel_err_unfolded"]), result
