@@ -730,3 +730,80 @@ def test_a_compiled_step_keeps_the_linears_the_export_lacks_in_the_graph(device)
     ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert sum("tuner.linear" in op for op in ops) == 2
     assert sum(op == "<built-in function linear>" for op in ops) == 2  # torch.nn.functional.linear
+
+
+def test_the_compiled_routing_reads_the_installed_families_and_the_call_structure(device):
+    """A gemv export installed with families=("gemm",) routes no linear (compiled); a gemm entry
+    of another layout or a batched one does not route a linear either (its calls look up NT,
+    unbatched shapes); a Linear subclass with a forward of its own is left alone."""
+    model, inputs = make_model_and_inputs()
+    shapes = [s for fam, s in model_shapes() if fam == "gemv"]
+    write_export(device, [("gemv", shapes[0]),
+                          ("gemm", {"m": 16, "n": 64, "k": 64, "dtype": "bfloat16", "layout": "NN"}),
+                          ("gemm", {"m": 16, "n": 96, "k": 64, "dtype": "bfloat16",
+                                    "layout": "NT", "batch": 4})])
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    for families, routed in ((("gemm",), 0), (("gemv", "gemm"), 1)):
+        with serving.installed(model, export_dir=device / "nvidia-h200", families=families):
+            torch._dynamo.reset()
+            torch.compile(model, fullgraph=True, backend=backend)(*inputs)
+        ops = [str(n.target) for n in graphs[-1].graph.nodes if n.op == "call_function"]
+        assert sum("tuner.linear" in op for op in ops) == routed, families
+    torch._dynamo.reset()
+
+    class Quantized(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    wrapped = nn.Sequential(Quantized(HIDDEN, HIDDEN), nn.Linear(HIDDEN, HIDDEN))
+    with serving.installed(wrapped, export_dir=device / "nvidia-h200") as handle:
+        assert handle.linears == [wrapped[1]]
+
+
+def test_a_norm_kernel_that_fails_leaves_the_plain_kernel_of_its_shape_alone(device, monkeypatch,
+                                                                           caplog):
+    """The kernel carrying the norm and the plain kernel of the same shape and config fail apart:
+    a failing norm launch runs the norm then torch's linear, with one warning, while the plain
+    linear of that shape keeps its kernel."""
+    from tuner_kernels import gemv
+
+    shape = {"m": 1, "n": 32, "k": 64, "dtype": "bfloat16"}
+    write_export(device, [("gemv", shape)])
+    original = gemv.gemv
+    launched = []
+
+    def flaky(*args, norm_weight=None, **kwargs):
+        if norm_weight is not None:
+            raise RuntimeError("no norm today")
+        launched.append("plain")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gemv, "gemv", flaky)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 64, generator=g).to(torch.bfloat16)
+    weight = (torch.randn(32, 64, generator=g) / 8).to(torch.bfloat16)
+    norm_w = torch.ones(64, dtype=torch.bfloat16)
+    model = nn.Linear(64, 32, bias=False).to(torch.bfloat16)
+    with serving.installed(model, export_dir=device / "nvidia-h200", families=("gemv",)):
+        with caplog.at_level(logging.WARNING, logger="tuner.serving"):
+            for _ in range(2):
+                out = serving.norm_linear(x, norm_w, 1e-6, weight)
+        assert torch.equal(out, F.linear(gemv.rms_norm(x, norm_w, 1e-6), weight))
+        assert sum("failed" in r.message for r in caplog.records) == 1
+        serving.linear(x, weight)
+    assert launched == ["plain"]
+
+
+def test_a_norm_of_another_dtype_than_its_projections_is_not_folded(device):
+    model = tiny_hf_model("llama")
+    export_linears_of(model, device)
+    for layer in model.model.layers:
+        layer.input_layernorm.float()  # an fp32 norm weight in a bf16 model
+    with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=True) as handle:
+        folded = {id(n) for n in handle.norms}
+    assert folded == {id(layer.post_attention_layernorm) for layer in model.model.layers}

@@ -4,6 +4,8 @@ computes, read without running it (stateless; serving decides what to route from
 - `moe_layout`: a fused experts module whose stored weights the moe kernel reads as they are;
 - `norm_folds`: a decoder layer's RMSNorms and the projections that alone read their output (the
   norms `tuner.serving.install` folds into tuner.norm_linear);
+- `linear_structure`, `linear_lookup_parts`, `gemv_shape`: an nn.Linear's structure and the parts
+  of the gemv / gemm shapes its calls look up in an export;
 - `hf_structure`, `plain_kwargs`, `decode_mask`: an attention module's head structure, whether
   the keyword arguments of an attention call leave SDPA's result unchanged, and whether its mask
   is one the decode kernel reads; `hf_attention_interface`: transformers' attention registry, if
@@ -16,8 +18,9 @@ import sys
 
 import torch
 
-__all__ = ["FOLD_LAYERS", "HF_PLAIN_KWARGS", "decode_mask", "hf_attention_interface",
-           "hf_structure", "moe_layout", "norm_folds", "plain_kwargs", "rms_norm_eps"]
+__all__ = ["FOLD_LAYERS", "HF_PLAIN_KWARGS", "decode_mask", "gemv_shape", "hf_attention_interface",
+           "hf_structure", "linear_lookup_parts", "linear_structure", "moe_layout", "norm_folds",
+           "plain_kwargs", "rms_norm_eps"]
 
 
 def moe_layout(module) -> tuple[int, int, int] | None:
@@ -133,3 +136,26 @@ def decode_mask(mask, query: torch.Tensor, key: torch.Tensor) -> bool:
             and mask.shape[0] in (1, query.shape[0]) and mask.shape[1] in (1, query.shape[1])
             and mask.shape[3] == key.shape[2] and mask.device == query.device
             and (mask.dtype == torch.bool or mask.dtype.is_floating_point))
+
+def gemv_shape(m: int, n: int, k: int, dtype, bias) -> dict:
+    """The gemv family's shape of a linear call (its schema's key order; "bias": 1 with a bias)."""
+    shape = {"m": int(m), "n": int(n), "k": int(k), "dtype": str(dtype).removeprefix("torch.")}
+    if bias is not None:
+        shape["bias"] = 1
+    return shape
+
+
+def linear_structure(module: torch.nn.Linear) -> tuple:
+    """An nn.Linear's (n, k, dtype, bias) as plain values: constants under torch.compile."""
+    return (("n", module.out_features), ("k", module.in_features),
+            ("dtype", str(module.weight.dtype).removeprefix("torch.")),
+            ("bias", None if module.bias is None else 1))  # gemv's key: bias=1 or none
+
+
+def linear_lookup_parts(structure: tuple) -> tuple[dict, dict]:
+    """An installed linear's structure as the parts of the gemv and the gemm shapes its calls
+    look up (tuner.serving.linear): gemm's is an unbatched NT shape and keys no bias (it is
+    added after the kernel)."""
+    gemv = dict(structure)
+    gemm = {k: v for k, v in gemv.items() if k != "bias"}
+    return gemv, dict(gemm, layout="NT", batch=None)

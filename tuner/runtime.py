@@ -426,7 +426,7 @@ def matching_configs(family: str, fixed: dict | None = None) -> list[dict]:
             if any(all(shape.get(k) == v for k, v in part.items()) and (
                     i == 0 or int(config.get("HEADS_PER_BLOCK", 1)) == 1)
                    for i, part in enumerate(wanted)):
-                found.append(config)
+                found.append(dict(config))  # a copy: the loaded entry stays as it is
         return found
     except Exception as exc:  # noqa: BLE001 - never into the serving process
         _lookup_failed(family, exc)

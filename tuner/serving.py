@@ -29,7 +29,7 @@ warmed up) runs the baseline for that capture, with one warning. In a graph repl
 runs, so hit counts count eager calls and captures.
 
 `install` gives modules an instance ``forward`` (uninstall deletes it; no parameter is touched):
-every nn.Linear calls ``tuner.linear``; with fold_norms, a decoder layer's RMSNorm whose
+every nn.Linear calls ``tuner.linear`` (compiled: one the export has an entry of); with fold_norms, a decoder layer's RMSNorm whose
 projections the export serves with norm-capable configs passes its input through and those
 projections call ``tuner.norm_linear`` (tuner.layouts.norm_folds); with "moe", the experts module
 of every MoE block whose stored weights the kernel reads as they are (tuner.layouts.moe_layout)
@@ -40,8 +40,8 @@ function: a decode call (one query token, no dropout, not causal, no mask or one
 row, as a static cache passes) goes to ``tuner.decode_attention`` where the export has its
 shape, on the model's own grouped KV cache (no repeat_kv copy; tuner.runtime serves it with the
 entry of its repeated-KV form, the shape a baseline trace records); every other call to the
-caller's own SDPA, unchanged. Under torch.compile the attention and MoE routing decisions are
-constants of the install (`_attention_routed`, `_moe_routed`): the step recompiles once when
+caller's own SDPA, unchanged. Under torch.compile the routing decisions are constants of the
+install (`_linear_routed`, `_attention_routed`, `_moe_routed`): the step recompiles once when
 installing, not per call, and traces with dynamic shapes; the op resolves each call's shape.
 """
 from __future__ import annotations
@@ -57,8 +57,9 @@ import torch
 import torch.nn.functional as F
 
 from . import runtime
-from .layouts import (FOLD_LAYERS, decode_mask, hf_attention_interface, hf_structure, moe_layout,
-                      norm_folds, plain_kwargs, rms_norm_eps)
+from .layouts import (FOLD_LAYERS, decode_mask, gemv_shape, hf_attention_interface, hf_structure,
+                      linear_lookup_parts, linear_structure, moe_layout, norm_folds, plain_kwargs,
+                      rms_norm_eps)
 
 __all__ = ["FOLD_LAYERS", "Installed", "decode_attention", "install", "installed", "linear", "moe",
            "moe_layout", "norm_folds", "norm_linear"]
@@ -93,13 +94,16 @@ def _runs_kernels(t: torch.Tensor) -> bool:
     return t.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _tuned(family: str, shape: dict, launch, baseline):
+def _tuned(family: str, shape: dict, launch, baseline, variant: str = ""):
     """Run `launch(config)` with the exported config of `shape`, else `baseline()`; never raise
-    (a failing kernel runs the baseline, warns once, and its shape stays on the baseline)."""
+    (a failing kernel runs the baseline, warns once, and its shape stays on the baseline).
+    `variant` names another kernel of the same shape and config (the gemv kernel carrying a
+    norm): it is warmed up, and fails, apart from the plain one."""
     if family not in _enabled:
         return baseline()
     shape_items = tuple(shape.items())
-    if (family, shape_items) in _failed:
+    failed = (family, shape_items) + ((variant,) if variant else ())
+    if failed in _failed:
         return baseline()
     try:
         config = runtime.lookup(family, shape)
@@ -109,7 +113,7 @@ def _tuned(family: str, shape: dict, launch, baseline):
         return baseline()
     if config is None:
         return baseline()
-    key = (family, shape_items, tuple(sorted(config.items())))
+    key = (family, shape_items, tuple(sorted(config.items())), variant)
     if key not in _warmed and _capturing():
         _warn_once(("capture",) + key, "%s %s: kernel not warmed up before this CUDA-graph "
                    "capture; the capture records the baseline path (call warmup first)",
@@ -118,7 +122,7 @@ def _tuned(family: str, shape: dict, launch, baseline):
     try:
         out = launch(config)
     except Exception as exc:  # noqa: BLE001 - a kernel failure must not reach the caller
-        _failed.add((family, shape_items))
+        _failed.add(failed)
         _warn_once(("launch",) + key, "%s %s with %s failed (%s: %s); the baseline path runs "
                    "for this shape from now on", family, shape, config, type(exc).__name__, exc)
         return baseline()
@@ -143,11 +147,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if rows <= GEMV_MAX_ROWS:
         from tuner_kernels import gemv
 
-        shape = {"m": rows, "n": n, "k": int(k), "dtype": dtype}
-        if bias is not None:
-            shape["bias"] = 1
-        out = _tuned("gemv", shape, lambda config: gemv.gemv(x2, weight, config, bias=bias),
-                     baseline)
+        out = _tuned("gemv", gemv_shape(rows, n, k, x.dtype, bias),
+                     lambda config: gemv.gemv(x2, weight, config, bias=bias), baseline)
     else:
         from tuner_kernels import gemm
 
@@ -189,9 +190,6 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: 
         return linear(rms_norm(x, norm_weight, eps), weight, bias)
 
     k, n = int(x.shape[-1]), int(weight.shape[0])
-    shape = {"m": rows, "n": n, "k": k, "dtype": str(x.dtype).removeprefix("torch.")}
-    if bias is not None:
-        shape["bias"] = 1
     x2 = x.reshape(rows, k)
 
     def launch(config):
@@ -199,8 +197,8 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: 
             return gemv.gemv(x2, weight, config, bias=bias, norm_weight=norm_weight, eps=eps)
         return gemv.gemv(rms_norm(x2, norm_weight, eps), weight, config, bias=bias)
 
-    out = _tuned("gemv", shape, launch,
-                 lambda: F.linear(rms_norm(x, norm_weight, eps), weight, bias))
+    out = _tuned("gemv", gemv_shape(rows, n, k, x.dtype, bias), launch,
+                 lambda: F.linear(rms_norm(x, norm_weight, eps), weight, bias), variant="norm")
     return out.reshape(*x.shape[:-1], n)
 
 
@@ -323,28 +321,24 @@ def _(x, w1, w2, topk_ids, topk_weights, block=-1):
 
 def _linear_forward(self, x):
     if torch.compiler.is_compiling() and not _linear_routed(self.__dict__["_tuner_linear"],
-                                                            _route_key):
+                                                            x.device.type, _route_key):
         return F.linear(x, self.weight, self.bias)  # stays in the graph: the compiler's to fuse
     return torch.ops.tuner.linear(x, self.weight, self.bias)
 
 
 @torch.compiler.assume_constant_result
-def _linear_routed(structure: tuple, route_key: str) -> bool:
+def _linear_routed(structure: tuple, device_type: str, route_key: str) -> bool:
     """The compiled step's decision for one nn.Linear, as `_attention_routed`: whether the
-    export has a gemv or gemm entry of `structure` (`_linear_structure`; any m). A linear
+    export has a gemv or gemm entry of `structure` (`tuner.layouts.linear_lookup_parts`; any m). A linear
     without one is traced as torch's linear, for the compiler to fuse its neighbours into (an
     opaque op running torch's linear cost the Llama-3.1-8B batch-1 max-autotune step 148 µs on
     its q/o projections, BENCHMARKS.md); eagerly every linear goes through the op (misses)."""
-    del route_key
-    gemv, gemm = _linear_structure(structure)
-    return runtime.has_entries("gemv", gemv) or runtime.has_entries("gemm", gemm)
-
-
-def _linear_structure(structure: tuple) -> tuple[dict, dict]:
-    """An installed linear's (n, k, dtype, bias) as the parts of a gemv and a gemm shape (gemm
-    keys no bias: it adds it after the kernel)."""
-    gemv = dict(structure)
-    return gemv, {k: v for k, v in gemv.items() if k != "bias"}
+    del route_key  # (it names the families `_enabled` holds)
+    if not (device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"):
+        return False
+    gemv, gemm = linear_lookup_parts(structure)
+    return (("gemv" in _enabled and runtime.has_entries("gemv", gemv))
+            or ("gemm" in _enabled and runtime.has_entries("gemm", gemm)))
 
 
 def _norm_linear_forward(self, x):
@@ -358,11 +352,11 @@ def _folded_norm_forward(self, hidden_states):
 
 def _fold_served(linear_module: torch.nn.Linear) -> bool:
     """Whether the export serves a projection's decode calls with the norm carried: gemv entries
-    of its (n, k, dtype), every one norm-capable, and no gemm entry (a gemm call would run the
-    norm on its own inside the op, once per projection, where the compiled step fuses it once)."""
+    of its structure, every one norm-capable, and no gemm entry (a gemm call would run the norm
+    on its own inside the op, once per projection, where the compiled step fuses it once)."""
     from tuner_kernels import gemv
 
-    gemv_part, gemm_part = _linear_structure(linear_module.__dict__["_tuner_linear"])
+    gemv_part, gemm_part = linear_lookup_parts(linear_module.__dict__["_tuner_linear"])
     configs = runtime.matching_configs("gemv", gemv_part)
     return (bool(configs) and all(gemv.norm_capable(c) for c in configs)
             and not runtime.has_entries("gemm", gemm_part))
@@ -632,17 +626,18 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
     _enabled.update(families)
     if "gemv" in families or "gemm" in families:
         for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and "forward" not in module.__dict__:
-                # plain values: constants under torch.compile (`_linear_routed`)
-                module.__dict__["_tuner_linear"] = (
-                    ("n", module.out_features), ("k", module.in_features),
-                    ("dtype", str(module.weight.dtype).removeprefix("torch.")),
-                    ("bias", None if module.bias is None else 1))  # gemv's key: bias=1 or none
+            # (a subclass with a forward of its own, e.g. a quantized linear, is not torch's)
+            if (isinstance(module, torch.nn.Linear) and "forward" not in module.__dict__
+                    and type(module).forward is torch.nn.Linear.forward):
+                module.__dict__["_tuner_linear"] = linear_structure(module)  # `_linear_routed`
                 module.forward = types.MethodType(_linear_forward, module)
                 handle.linears.append(module)
     if fold_norms and "gemv" in families:
+        routed = {id(lin) for lin in handle.linears}
         for norm, projections in norm_folds(model):
-            if ("forward" in norm.__dict__ or not all(lin in handle.linears for lin in projections)
+            if ("forward" in norm.__dict__ or not all(id(lin) in routed for lin in projections)
+                    or any(norm.weight.dtype != lin.weight.dtype
+                           or norm.weight.device != lin.weight.device for lin in projections)
                     or not all(_fold_served(lin) for lin in projections)):
                 continue
             eps = rms_norm_eps(norm)

@@ -60,7 +60,7 @@ def main() -> None:
                                                   replays=replays).median_us
                 except Exception as exc:  # noqa: BLE001 - a config that fails is a row
                     row[name] = None
-                    row["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+                    row[name.replace("_us", "_error")] = f"{type(exc).__name__}: {str(exc)[:120]}"
             rows_out.append(row)
             c = config
             print(f"n={n} k={k} R{c['ROWS_PER_BLOCK']} BK{c['BLOCK_K']} w{c['num_warps']} "
