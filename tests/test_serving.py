@@ -8,6 +8,7 @@ kernels on the CPU. The device identity is given (this machine has no GPU).
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -807,3 +808,18 @@ def test_a_norm_of_another_dtype_than_its_projections_is_not_folded(device):
     with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=True) as handle:
         folded = {id(n) for n in handle.norms}
     assert folded == {id(layer.post_attention_layernorm) for layer in model.model.layers}
+
+
+def test_an_entry_keyed_bias_0_serves_the_linear_without_bias(device):
+    """An export entry whose shape says "bias": 0 (the schema allows it) is the linear without a
+    bias: serving's lookup, which leaves the key out, finds it (compiled routing included)."""
+    shape = {"m": 1, "n": 32, "k": 64, "dtype": "bfloat16", "bias": 0}
+    write_export(device, [("gemv", shape)])
+    os.environ["TUNER_EXPORT_DIR"] = str(device / "nvidia-h200")
+    try:
+        runtime.reset()
+        plain = {"m": 1, "n": 32, "k": 64, "dtype": "bfloat16"}
+        assert runtime.lookup("gemv", plain) is not None
+        assert runtime.has_entries("gemv", {"n": 32, "k": 64, "bias": None})
+    finally:
+        os.environ.pop("TUNER_EXPORT_DIR", None)

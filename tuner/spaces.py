@@ -244,9 +244,10 @@ def with_row_measure_keys(shape: dict | None, row) -> dict | None:
 
 def served_shape(family: str, shape: dict) -> dict:
     """The shape dict of the call serving looks up: `shape` without the family's measurement
-    keys (what an export stores and the runtime loader indexes)."""
+    keys (what an export stores and the runtime loader indexes), and without a "bias": 0 (a
+    linear without bias is keyed without the key, as serving looks it up)."""
     drop = measure_keys(family)
-    return {k: v for k, v in shape.items() if k not in drop}
+    return {k: v for k, v in shape.items() if k not in drop and not (k == "bias" and v == 0)}
 
 
 SHAPE_DTYPES = ("bfloat16", "float16")  # tuner_kernels.common.DTYPES (not imported: it pulls in torch)
