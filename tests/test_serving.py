@@ -823,3 +823,27 @@ def test_an_entry_keyed_bias_0_serves_the_linear_without_bias(device):
         assert runtime.has_entries("gemv", {"n": 32, "k": 64, "bias": None})
     finally:
         os.environ.pop("TUNER_EXPORT_DIR", None)
+
+
+def test_a_tuned_steps_trace_keeps_the_bias_of_its_linears(device, tmp_path):
+    """A profile of a tuned Qwen2 (q/k/v with a bias), the norms folded or not: the hits of
+    tuner::linear / tuner::norm_linear launch no addmm, and the rows still say bias = 1, so the
+    gemv family keys them as serving looks them up (a re-tune from this trace exports keys that
+    hit)."""
+    from tuner import harvest
+
+    model = tiny_hf_model("qwen2")
+    token = torch.tensor([[3]])
+    shapes = export_linears_of(model, device)
+    biased = {(s["n"], s["k"]) for s in shapes if s.get("bias")}
+    assert biased == {(64, 64), (32, 64)}  # q; k, v
+    for fold in (False, True):
+        with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=fold):
+            with torch.profiler.profile(record_shapes=True) as prof:
+                model(token)
+        path = tmp_path / f"qwen2_{fold}.json"
+        prof.export_chrome_trace(str(path))
+        rows = harvest.harvest([str(path)]).table
+        keys = {tuple(sorted(s.items())) for s in
+                (get_family("gemv").shape_from_row(r) for r in rows.to_dict("records")) if s}
+        assert keys == {tuple(sorted(s.items())) for s in shapes}, fold

@@ -54,8 +54,10 @@ ATTENTION_COLUMNS: dict[str, str] = {
 
 # Optional columns of any row: traced_compiled = 1 when an Inductor graph of a torch.compile'd
 # step ran the call (docs/harvest.md says how harvest tells): rank then times the baseline
-# compiled, as that step runs it; written only when some call was
-OPTIONAL_COLUMNS: dict[str, str] = {"traced_compiled": "Int64"}
+# compiled, as that step runs it; written only when some call was. bias = 1 on a linear op
+# (aten::linear, tuner::linear, tuner::norm_linear) given a bias: the gemv family then keys the
+# shape with it, as it does an addmm row
+OPTIONAL_COLUMNS: dict[str, str] = {"traced_compiled": "Int64", "bias": "Int64"}
 
 # Optional columns of moe rows (m tokens, n = intermediate size, k = hidden: tuner_kernels/moe.py's
 # shape_from_row): the layer's experts and the experts each token is routed to; written only

@@ -634,8 +634,9 @@ def flops(shape: dict) -> int:
 
 
 def shape_from_row(row) -> dict | None:
-    """GEMM rows of a ShapeTable with m <= 8 and batch == 1 (decode linears); an addmm row
-    (a linear with bias) gets "bias": 1, so it is measured as it is called."""
+    """GEMM rows of a ShapeTable with m <= 8 and batch == 1 (decode linears); an addmm row or
+    a row with bias = 1 (a linear given a bias) gets "bias": 1, so it is measured as it is
+    called."""
     get = row.get if hasattr(row, "get") else (lambda key, default=None: getattr(row, key, default))
     if str(get("family", "")) != "gemm":
         return None
@@ -648,7 +649,11 @@ def shape_from_row(row) -> dict | None:
     if not 1 <= m <= MAX_M or batch != 1 or dtype not in DTYPES or n < 1 or k < 1:
         return None
     shape = {"m": m, "n": n, "k": k, "dtype": dtype}
-    if str(get("op", "")).endswith("addmm"):
+    try:
+        given_bias = int(get("bias", 0) or 0)  # a linear op the row says was given a bias
+    except (TypeError, ValueError):  # a missing cell (NA, NaN)
+        given_bias = 0
+    if str(get("op", "")).endswith("addmm") or given_bias:
         shape["bias"] = 1
     return shape
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "Dialect", "KINETO", "KINETO_2021", "DIALECTS", "CATEGORY_KINDS",
-    "GEMM_CORE", "GEMM_WRAPPERS", "GEMM_OPS", "LINEAR_OPS", "LINEAR_WEIGHT_INPUT", "ATTN_BHLD",
+    "GEMM_CORE", "GEMM_WRAPPERS", "GEMM_OPS", "LINEAR_OPS", "LINEAR_WEIGHT_INPUT", "LINEAR_BIAS_INPUT", "ATTN_BHLD",
     "ATTN_BLHD",
     "ATTN_NAME_RE", "MOE_OPS", "MOE_PARTS", "MOE_TOPK_OPS", "MOE_PACKED_VIEW", "GROUPED_MM_OP",
     "INDUCTOR_KERNEL_RE", "INDUCTOR_FUSED_RE", "INDUCTOR_GEMM_RE", "INDUCTOR_GEMM_OP", "COMPILED_REGION_PREFIX",
@@ -77,6 +77,9 @@ GEMM_CORE = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", 
 # with a decoder layer's RMSNorm folded in: its weight is input 3 (LINEAR_WEIGHT_INPUT).
 LINEAR_OPS = frozenset({"aten::linear", "tuner::linear", "tuner::norm_linear"})
 LINEAR_WEIGHT_INPUT = {"tuner::norm_linear": 3}
+# and the bias input of each: a tuned call (a hit) launches its kernel with the bias fused, no
+# aten::addmm below it to tell the bias by, so the row says it (`bias` = 1)
+LINEAR_BIAS_INPUT = {"aten::linear": 2, "tuner::linear": 2, "tuner::norm_linear": 4}
 GEMM_WRAPPERS = frozenset({"aten::matmul"}) | LINEAR_OPS
 GEMM_OPS = GEMM_CORE | GEMM_WRAPPERS
 

@@ -47,6 +47,7 @@ class Call:
     head_dim: int | None = None
     traced_kv_heads: int | None = None   # harvest --kv-heads: the repeated cache's KV heads
     traced_compiled: int | None = None   # 1: ran inside a torch.compile'd (Inductor) graph
+    bias: int | None = None       # 1: a linear op given a bias (config.LINEAR_BIAS_INPUT)
     tokens: int | None = None     # varlen attention: query tokens of all requests (q's dim 0)
     experts: int | None = None    # moe: experts of the layer (w1's E)
     topk: int | None = None       # moe: experts each token is routed to

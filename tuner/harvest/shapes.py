@@ -110,6 +110,8 @@ def gemm_shape(op: Op) -> dict | None:
         flag_a = _mat_flag(dims, strides, a) if len(da) >= 2 else "N"
         flag_b = "T" if _mat_flag(dims, strides, b) == "N" else "N"
         shape = dict(m=m, n=n, k=k, batch=1, dtype=_dtype(types, a), layout=flag_a + flag_b)
+        if _input(dims, config.LINEAR_BIAS_INPUT[name]):
+            shape["bias"] = 1
         return shape if m is not None else None
     if len(da) < 2 or len(db) < 2:
         return None

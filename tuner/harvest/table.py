@@ -18,7 +18,7 @@ __all__ = ["KEY_FIELDS", "MAX_KV_ROWS", "kv_buckets", "aggregate"]
 # what makes two calls the same row (with the phase of their step)
 KEY_FIELDS = ("op", "family", "m", "n", "k", "batch", "dtype", "layout",
               "heads", "kv_heads", "q_len", "kv_len", "head_dim", "traced_kv_heads",
-              "traced_compiled", "experts", "topk")
+              "traced_compiled", "bias", "experts", "topk")
 # decode attention: a serving trace has another KV length at every step; above this many, the
 # calls of one signature are bucketed into this many rows by KV length
 MAX_KV_ROWS = 8
@@ -101,6 +101,8 @@ def aggregate(traces: list[TraceData], phase: str | None = None) -> pd.DataFrame
         df = df.drop(columns="traced_kv_heads")
     if df["traced_compiled"].isna().all():   # only a torch.compile'd step's trace sets it
         df = df.drop(columns="traced_compiled")
+    if df["bias"].isna().all():              # only a linear op given a bias sets it
+        df = df.drop(columns="bias")
     if df["experts"].isna().all():           # only moe rows have experts and topk
         df = df.drop(columns=list(shapetable.MOE_COLUMNS))
     df = df.sort_values(["share", "calls_per_step", "us_per_call"], ascending=False,
