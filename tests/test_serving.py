@@ -590,6 +590,18 @@ def export_linears_of(model, device, config_of=lambda shape: None, extra=()) -> 
     return shapes
 
 
+def harvested_tuned_step(model, token, device, path, fold: bool):
+    """The ShapeTable of one profiled forward of `model` installed with the export under
+    `device` (norms folded or not), its trace written to `path`."""
+    from tuner import harvest
+
+    with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=fold):
+        with torch.profiler.profile(record_shapes=True) as prof:
+            model(token)
+    prof.export_chrome_trace(str(path))
+    return harvest.harvest([str(path)]).table
+
+
 @pytest.mark.parametrize("model_type", sorted(FOLD_ARCHS))
 def test_a_folded_norm_computes_what_the_layer_computes(device, model_type):
     """Each decoder layer FOLD_LAYERS names, as the installed transformers builds it: with the
@@ -683,19 +695,12 @@ def test_norm_linear_outside_the_kernels_reach_runs_the_norm_then_the_linear(dev
 def test_a_folded_step_harvests_its_projections_as_linears(device, tmp_path):
     """A profile of the folded model reads tuner::norm_linear as the linear it is (x [..., k],
     weight [n, k] as its fourth input): each projection's (m, n, k), as the unfolded op's."""
-    from tuner import harvest
-
     model = tiny_hf_model("llama")
     token = torch.tensor([[3]])
     export_linears_of(model, device)
     tables = {}
     for fold in (True, False):
-        with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=fold):
-            with torch.profiler.profile(record_shapes=True) as prof:
-                model(token)
-        path = tmp_path / f"fold_{fold}.json"
-        prof.export_chrome_trace(str(path))
-        rows = harvest.harvest([str(path)]).table
+        rows = harvested_tuned_step(model, token, device, tmp_path / f"fold_{fold}.json", fold)
         gemm = rows[rows["family"] == "gemm"]
         tables[fold] = {(r["op"], r["m"], r["n"], r["k"]): r["calls_per_step"]
                         for r in gemm.to_dict("records")}
@@ -830,20 +835,13 @@ def test_a_tuned_steps_trace_keeps_the_bias_of_its_linears(device, tmp_path):
     tuner::linear / tuner::norm_linear launch no addmm, and the rows still say bias = 1, so the
     gemv family keys them as serving looks them up (a re-tune from this trace exports keys that
     hit)."""
-    from tuner import harvest
-
     model = tiny_hf_model("qwen2")
     token = torch.tensor([[3]])
     shapes = export_linears_of(model, device)
     biased = {(s["n"], s["k"]) for s in shapes if s.get("bias")}
     assert biased == {(64, 64), (32, 64)}  # q; k, v
     for fold in (False, True):
-        with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=fold):
-            with torch.profiler.profile(record_shapes=True) as prof:
-                model(token)
-        path = tmp_path / f"qwen2_{fold}.json"
-        prof.export_chrome_trace(str(path))
-        rows = harvest.harvest([str(path)]).table
+        rows = harvested_tuned_step(model, token, device, tmp_path / f"qwen2_{fold}.json", fold)
         keys = {tuple(sorted(s.items())) for s in
                 (get_family("gemv").shape_from_row(r) for r in rows.to_dict("records")) if s}
         assert keys == {tuple(sorted(s.items())) for s in shapes}, fold
