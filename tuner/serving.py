@@ -29,11 +29,12 @@ warmed up) runs the baseline for that capture, with one warning. In a graph repl
 runs, so hit counts count eager calls and captures.
 
 `install` gives modules an instance ``forward`` (uninstall deletes it; no parameter is touched):
-every nn.Linear calls ``tuner.linear`` (compiled: one the export has an entry of); with fold_norms, a decoder layer's RMSNorm whose
-projections the export serves with norm-capable configs passes its input through and those
-projections call ``tuner.norm_linear`` (tuner.layouts.norm_folds); with "moe", the experts module
-of every MoE block whose stored weights the kernel reads as they are (tuner.layouts.moe_layout)
-calls ``tuner.moe`` with its own parameters (no copy; the router stays transformers'). With
+every nn.Linear calls ``tuner.linear`` (compiled: one the export has an entry of); with
+fold_norms, a decoder layer's RMSNorm whose projections the export serves with norm-capable
+configs passes its input through and those projections call ``tuner.norm_linear``
+(tuner.layouts.norm_folds); with "moe", the experts module of every MoE block whose stored
+weights the kernel reads as they are (tuner.layouts.moe_layout) calls ``tuner.moe`` with its own
+parameters (no copy; the router stays transformers'). With
 "attention" it routes ``torch.nn.functional.scaled_dot_product_attention`` (looked up by name at
 each call) and, in a process that has imported transformers, transformers' "sdpa" attention
 function: a decode call (one query token, no dropout, not causal, no mask or one of that query
@@ -90,8 +91,12 @@ def _capturing() -> bool:
 
 
 def _runs_kernels(t: torch.Tensor) -> bool:
+    return _runs_on(t.device.type)
+
+
+def _runs_on(device_type: str) -> bool:
     """Triton runs on GPU tensors, and on CPU tensors under the interpreter (tests)."""
-    return t.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _tuned(family: str, shape: dict, launch, baseline, variant: str = ""):
@@ -329,12 +334,12 @@ def _linear_forward(self, x):
 @torch.compiler.assume_constant_result
 def _linear_routed(structure: tuple, device_type: str, route_key: str) -> bool:
     """The compiled step's decision for one nn.Linear, as `_attention_routed`: whether the
-    export has a gemv or gemm entry of `structure` (`tuner.layouts.linear_lookup_parts`; any m). A linear
-    without one is traced as torch's linear, for the compiler to fuse its neighbours into (an
-    opaque op running torch's linear cost the Llama-3.1-8B batch-1 max-autotune step 148 µs on
-    its q/o projections, BENCHMARKS.md); eagerly every linear goes through the op (misses)."""
+    export has a gemv or gemm entry of `structure` (tuner.layouts.linear_lookup_parts; any m).
+    A linear without one is traced as torch's linear, for the compiler to fuse its neighbours
+    into (an opaque op running torch's linear cost the Llama-3.1-8B batch-1 max-autotune step
+    148 µs on its q/o projections, BENCHMARKS.md); eagerly every linear goes through the op."""
     del route_key  # (it names the families `_enabled` holds)
-    if not (device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"):
+    if not _runs_on(device_type):
         return False
     gemv, gemm = linear_lookup_parts(structure)
     return (("gemv" in _enabled and runtime.has_entries("gemv", gemv))
@@ -412,8 +417,7 @@ def _moe_routed(structure: tuple, device_type: str, route_key: str) -> bool:
     moe export has an entry of `structure` (experts, topk, hidden, inter, dtype; any m) and the
     kernels run on `device_type`. The op resolves the call's m when it runs."""
     del route_key
-    runs = device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-    return runs and runtime.has_entries("moe", dict(structure))
+    return _runs_on(device_type) and runtime.has_entries("moe", dict(structure))
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
