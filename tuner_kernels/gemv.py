@@ -566,7 +566,8 @@ def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
     if shape.get("norm"):
         dims["norm_weight"] = (k,)
     if torch.device(device).type == "meta":
-        inputs = {name: torch.empty(size, dtype=dtype, device="meta") for name, size in dims.items()}
+        inputs = {name: torch.empty(size, dtype=dtype, device="meta")
+                  for name, size in dims.items()}
         return dict(inputs, eps=1e-6) if shape.get("norm") else inputs
     gen = torch.Generator(device=device)
     gen.manual_seed(int(seed))
