@@ -59,11 +59,11 @@ def test_the_measured_m32_winners_are_known():
     space = space_for("gemm", "cuda")
     winners = {
         (4096, 4096): {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "SPLIT_K": 1, "SWAP_AB": 1,
-                       "TMA": 1, "num_stages": 4, "num_warps": 4, "BALANCE_N": 0, "GROUP_M": 1, "SCHEDULE": 0},
+                       "TMA": 1, "num_stages": 4, "num_warps": 4, "BALANCE_N": 0, "REDUCE_LAST": 0, "GROUP_M": 1, "SCHEDULE": 0},
         (4096, 12288): {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "SPLIT_K": 1, "SWAP_AB": 1,
-                        "TMA": 1, "num_stages": 4, "num_warps": 4, "BALANCE_N": 0, "GROUP_M": 1, "SCHEDULE": 0},
+                        "TMA": 1, "num_stages": 4, "num_warps": 4, "BALANCE_N": 0, "REDUCE_LAST": 0, "GROUP_M": 1, "SCHEDULE": 0},
         (1024, 4096): {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 8, "SWAP_AB": 1,
-                       "TMA": 0, "num_stages": 6, "num_warps": 4, "BALANCE_N": 0, "GROUP_M": 1, "SCHEDULE": 0},
+                       "TMA": 0, "num_stages": 6, "num_warps": 4, "BALANCE_N": 0, "REDUCE_LAST": 0, "GROUP_M": 1, "SCHEDULE": 0},
     }
     for (n, k), winner in winners.items():
         shape = _shape(32, n, k)

@@ -244,10 +244,60 @@ def test_skinny_balanced_rows_give_the_same_bytes(tma):
     assert rel_err(out, gemm.reference(inputs)) < TOLERANCE["bfloat16"]
 
 
+# REDUCE_LAST: the tile's last K split sums the partials in the same launch
+REDUCE_CASES = {  # (shape, config): the tiled pointer and descriptor kernels, the skinny pair, a bmm
+    "tiled": ({"m": 40, "n": 70, "k": 200, "layout": "NT"},
+              {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "SPLIT_K": 3, "TMA": 0}),
+    "tiled-tma": ({"m": 40, "n": 64, "k": 256, "layout": "NT"},
+                  {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "SPLIT_K": 2, "TMA": 1}),
+    "skinny": ({"m": 20, "n": 70, "k": 192, "layout": "NT"}, {**SKINNY[2], "SPLIT_K": 4}),
+    "skinny-tma": ({"m": 20, "n": 64, "k": 192, "layout": "NT"}, SKINNY[1]),
+    "bmm": ({"m": 9, "n": 20, "k": 96, "layout": "NN", "batch": 3},
+            {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 2}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REDUCE_CASES))
+def test_reduce_last_is_one_launch_with_the_same_bytes(case):
+    shape, config = REDUCE_CASES[case]
+    shape = {**shape, "dtype": "bfloat16"}
+    inputs = gemm.make_inputs(shape, "cpu", seed=5)
+    _, two = gemm.launch_plan(inputs, config)
+    _, one = gemm.launch_plan(inputs, {**config, "REDUCE_LAST": 1})
+    assert [c.kernel for c in two][1:] == [gemm.splitk_reduce_kernel]
+    assert len(one) == 1 and one[0].kernel is two[0].kernel and one[0].constexprs["REDUCE_LAST"]
+    counts = one[0].args[4]
+    assert counts.dtype == torch.int32 and not counts.any()  # zeroed with the launch
+    assert counts.numel() == one[0].grid[0] * (one[0].grid[1] if config.get("SWAP_AB") else
+                                               one[0].grid[2] if len(one[0].grid) == 3 else 1)
+    out = torch.full((shape.get("batch", 1), shape["m"], shape["n"]) if "batch" in shape
+                     else (shape["m"], shape["n"]), float("nan"), dtype=torch.bfloat16)
+    gemm.launch(inputs, {**config, "REDUCE_LAST": 1}, out=out)
+    assert not torch.isnan(out).any()  # every tile stored, by exactly its last split
+    assert digest(out) == digest(gemm.launch(inputs, config))
+    assert rel_err(out, gemm.reference(inputs)) < TOLERANCE["bfloat16"]
+
+
+def test_reduce_last_in_the_space_and_the_known_configs():
+    from tuner_kernels.candidates import candidate_configs
+
+    shape = {"m": 128, "n": 4096, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
+    space = space_for("gemm", "cuda")
+    default = gemm.default_config(shape, "cuda")
+    assert default["REDUCE_LAST"] == 0 and space.allows(default, shape)
+    split = {**default, "SPLIT_K": 4}
+    assert space.allows({**split, "REDUCE_LAST": 1}, shape)
+    assert not space.allows({**default, "SPLIT_K": 1, "REDUCE_LAST": 1}, shape)  # nothing to sum
+    assert "REDUCE_LAST" not in space.order_params  # the same bytes (test above)
+    known = candidate_configs("gemm", shape, "cuda", 132)
+    splits = [c for c in known if c.get("SPLIT_K", 1) > 1]
+    assert splits and all({**c, "REDUCE_LAST": 1 - c["REDUCE_LAST"]} in known for c in splits)
+
+
 def test_swap_ab_in_the_spaces():
     shape = {"m": 32, "n": 14336, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
     config = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 1,
-              "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "TMA": 1, "BALANCE_N": 1, "SCHEDULE": 0}
+              "SWAP_AB": 1, "num_warps": 4, "num_stages": 4, "TMA": 1, "BALANCE_N": 1, "REDUCE_LAST": 0, "SCHEDULE": 0}
     cuda = space_for("gemm", "cuda")
     assert cuda.check(config, shape) == ""
     assert cuda.check({**config, "SWAP_AB": 0, "BLOCK_K": 64}, shape) != ""  # balance: skinny only
@@ -321,7 +371,7 @@ def test_persistent_schedule_grid_edges_and_refusals():
 def test_persistent_schedule_in_the_spaces():
     shape = {"m": 4096, "n": 4096, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
     config = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1,
-              "SWAP_AB": 0, "BALANCE_N": 0, "SCHEDULE": 2, "TMA": 1, "num_warps": 8, "num_stages": 3}
+              "SWAP_AB": 0, "BALANCE_N": 0, "REDUCE_LAST": 0, "SCHEDULE": 2, "TMA": 1, "num_warps": 8, "num_stages": 3}
     cuda = space_for("gemm", "cuda")
     assert cuda.check(config, shape) == ""
     assert cuda.check({**config, "SPLIT_K": 2}, shape) != ""  # persistent: no split K

@@ -34,13 +34,13 @@ SHAPES = {
 SAMPLES = {"cuda": 2, "hip": 2, "dcu": 1}  # random kept configs per shape, plus the default
 
 BIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8, "num_stages": 5,
-       "BALANCE_N": 0, "SCHEDULE": 0}
+       "BALANCE_N": 0, "REDUCE_LAST": 0, "SCHEDULE": 0}
 LDS = {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8,
-       "num_stages": 3, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1, "BALANCE_N": 0, "SCHEDULE": 0}
+       "num_stages": 3, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1, "BALANCE_N": 0, "REDUCE_LAST": 0, "SCHEDULE": 0}
 SPILLING = {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8, "num_stages": 3,
-            "BALANCE_N": 0, "SCHEDULE": 0}
+            "BALANCE_N": 0, "REDUCE_LAST": 0, "SCHEDULE": 0}
 TMA = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 8,
-       "num_stages": 4, "TMA": 1, "BALANCE_N": 0, "SCHEDULE": 0}
+       "num_stages": 4, "TMA": 1, "BALANCE_N": 0, "REDUCE_LAST": 0, "SCHEDULE": 0}
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,7 +150,7 @@ def test_tma_configs_compile_for_sm90(compiled):
 
 # ------------------------------------------------- SCHEDULE, the persistent tile scheduler
 PERSISTENT = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0,
-              "num_warps": 8, "num_stages": 3, "BALANCE_N": 0}
+              "num_warps": 8, "num_stages": 3, "BALANCE_N": 0, "REDUCE_LAST": 0}
 
 
 def test_persistent_configs_compile_for_sm90_and_gfx942():
@@ -199,7 +199,7 @@ SKINNY_CUDA = [  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, TMA)
 
 def _skinny(bm, bn, bk, w, s, tma):
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "SWAP_AB": 1,
-            "num_warps": w, "num_stages": s, "TMA": tma, "BALANCE_N": 0, "SCHEDULE": 0}
+            "num_warps": w, "num_stages": s, "TMA": tma, "BALANCE_N": 0, "REDUCE_LAST": 0, "SCHEDULE": 0}
 
 
 def test_skinny_configs_are_wgmma_fed_by_tma_on_sm90():
@@ -245,6 +245,38 @@ def test_skinny_configs_compile_for_gfx942_and_the_spilling_one_is_rejected():
               f"shared={row[0].shared:6} {config}")
         assert row[0].n_spills == 0 and row[0].shared <= SHARED_LIMIT["hip"]
     assert rows[-1][0].n_spills > 0
+
+
+# ------------------------------------------ REDUCE_LAST, the K splits summed in one launch
+def test_reduce_last_compiles_to_one_kernel_for_sm90_and_gfx942():
+    """REDUCE_LAST 1 on the tiled pointer and descriptor kernels and the skinny pair (sm90), and on
+    the pointer kernels (gfx942): one kernel, no reduce kernel, no spills; on sm90 the arrival
+    count is one acq_rel atomic at gpu scope behind a barrier, the partials read back from L2."""
+    shape = {"m": 128, "n": 4096, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
+    base = {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 4,
+            "REDUCE_LAST": 1, "num_warps": 4, "num_stages": 4, "BALANCE_N": 0, "SCHEDULE": 0}
+    cuda, hip = space_for("gemm", "cuda"), space_for("gemm", "hip")
+    jobs = [(shape, {**base, "SWAP_AB": swap, "TMA": tma}) for swap in (0, 1) for tma in (0, 1)]
+    kernels = ["gemm_kernel", "gemm_tma_kernel", "skinny_kernel", "skinny_tma_kernel"]
+    for (shape_, config), row, kernel in zip(jobs, compile_configs("gemm", jobs, TARGETS["cuda"],
+                                                                   with_asm=True), kernels):
+        assert cuda.allows(config, shape_), config
+        assert not isinstance(row, str), (config, row)
+        (main,) = row
+        print(f"cuda gemm {main.kernel:20} regs={main.n_regs:3} spills={main.n_spills} "
+              f"shared={main.shared:6} {config}")
+        assert main.kernel == kernel and main.n_spills == 0
+        assert "atom.global.gpu.acq_rel.add" in main.asm and "bar.sync" in main.asm
+        assert "ld.global.cg" in main.asm
+    amd = {**base, "BLOCK_K": 64, "num_stages": 2, "waves_per_eu": 0, "matrix_instr_nonkdim": 16,
+           "kpack": 1}
+    jobs = [(shape, {**amd, "SWAP_AB": swap}) for swap in (0, 1)]
+    for (shape_, config), row, kernel in zip(jobs, compile_configs("gemm", jobs, TARGETS["hip"]),
+                                             ("gemm_kernel", "skinny_kernel")):
+        assert hip.allows(config, shape_), config
+        assert not isinstance(row, str), (config, row)
+        (main,) = row
+        assert main.kernel == kernel and main.n_spills == 0 and main.shared <= SHARED_LIMIT["hip"]
 
 
 def _compile_masked(_request: dict) -> list:

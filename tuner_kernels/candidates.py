@@ -160,8 +160,11 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
         configs.append({"SPLIT_K": 1, **c})
         if splits:
             tiles = cdiv(n, c["BLOCK_N"]) * cdiv(m, c["BLOCK_M"])
-            configs += [{**c, "SPLIT_K": s}
-                        for s in split_counts(tiles, k, c["BLOCK_K"], 4, sms, splits)]
+            # each split count twice: partials summed by the reduce kernel, and by each tile's
+            # last split in the same launch (REDUCE_LAST: one launch less, the same bytes)
+            configs += [{**c, "SPLIT_K": s, "REDUCE_LAST": r}
+                        for s in split_counts(tiles, k, c["BLOCK_K"], 4, sms, splits)
+                        for r in (0, 1)]
     return configs
 
 

@@ -3,6 +3,8 @@
 - `DTYPES`, `KernelCall`, `launch_options`, `tensor_backend`, `interpreting`, `row_value`,
   `cdiv`, `pow2_at_least`: small pieces the families' host code uses.
 - `fix_interpreter`: Triton interpreter workarounds (TRITON_INTERPRET=1 only).
+- `store_split`: the epilogue of a K-split kernel (the output, or a split's fp32 partial, and
+  with REDUCE_LAST the in-kernel sum of the partials by the tile's last split).
 - The offline compile path: `compile_call` (one planned kernel call -> `CompileReport`) and
   `compile_configs` (a family's (shape, config) jobs for a GPU target, in a child process when
   this one runs Triton's interpreter). A family takes part by giving `launch_plan(inputs, config,
@@ -27,11 +29,12 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
 __all__ = [
     "DTYPES", "CompileReport", "KernelCall", "cdiv", "compile_call", "compile_configs",
     "fix_interpreter", "interpreting", "launch_options", "pow2_at_least", "row_value",
-    "run_without_interpreter", "sm_count", "tensor_backend",
+    "run_without_interpreter", "sm_count", "split_counters", "store_split", "tensor_backend",
 ]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -119,6 +122,45 @@ class KernelCall:
 
     def run(self) -> None:
         self.kernel[self.grid](*self.args, **self.constexprs, **self.options)
+
+
+# ------------------------------------------------------------------------ split-K epilogue
+@triton.jit
+def store_split(acc, out_ptrs, part_ptrs, split_stride, pid_k, mask, count_ptr,
+                SPLIT_K: tl.constexpr, REDUCE_LAST: tl.constexpr):
+    """Store one program's share of an output tile that SPLIT_K programs (pid_k = 0..SPLIT_K-1)
+    compute over slices of K.
+
+    SPLIT_K == 1: `acc` is the whole sum, stored at `out_ptrs` in the output's dtype. Otherwise
+    `acc` is split pid_k's fp32 partial, stored at `part_ptrs + pid_k * split_stride` (the
+    workspace [SPLIT_K, ...], `part_ptrs` pointing into split 0). Then, without REDUCE_LAST, a
+    second kernel of the family sums the partials. With REDUCE_LAST the tile's splits count
+    themselves at `count_ptr` (one int32 a tile, zero at launch: `split_counters`): the last to
+    arrive reads the SPLIT_K partials back in split order, sums them from zero as the reduce
+    kernels do (the same additions in the same order: the same bytes) and stores the output, so
+    the whole product is one launch. The barrier makes every thread's partial stored before the
+    count is raised (release); the count's acquire and L2 reads (.cg) see the other splits'.
+    """
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptrs.dtype.element_ty), mask=mask)
+    else:
+        tl.store(part_ptrs + pid_k * split_stride, acc, mask=mask)
+        if REDUCE_LAST:
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros_like(acc)
+                for s in tl.static_range(SPLIT_K):
+                    total += tl.load(part_ptrs + s * split_stride, mask=mask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
+
+
+def split_counters(tiles: int, device) -> torch.Tensor:
+    """The zeroed arrival counts of `store_split` with REDUCE_LAST: one int32 per output tile,
+    new each launch (inside a CUDA graph capture the zeroing is captured with the kernel, so
+    every replay starts from zero, and two launches never share counts)."""
+    return torch.zeros(max(1, tiles), dtype=torch.int32, device=device)
 
 
 # ------------------------------------------------------------------------ interpreter fixes

@@ -12,7 +12,9 @@ baseline (cuBLAS / hipBLASLt pick the transposed operation from the strides).
 Parameters (search_spaces/gemm.yaml): BLOCK_M, BLOCK_N, BLOCK_K (tile), GROUP_M (grouped launch
 order: GROUP_M row-tiles share the same B column-tiles while they are in L2), SPLIT_K (K split
 over SPLIT_K programs writing fp32 partials; a second kernel sums them in a fixed order, so the
-result is deterministic, no atomics), num_warps, num_stages; on hip also waves_per_eu,
+result is deterministic), REDUCE_LAST (with SPLIT_K > 1: the last split of each output tile to
+finish sums the partials inside the same launch, in the same order: one launch, the same bytes;
+tuner_kernels.common.store_split), num_warps, num_stages; on hip also waves_per_eu,
 matrix_instr_nonkdim, kpack (Triton HIP compile options, passed as launch keyword arguments);
 on cuda also TMA (read A and B through tensor descriptors, `gemm_tma_kernel`); SWAP_AB = 1 runs
 the swap-AB skinny kernel of tuner_kernels/skinny.py instead (decode batch sizes: the weight rows on the
@@ -40,7 +42,7 @@ import triton.language as tl
 
 from tuner_kernels import COMMON_SOURCES, KernelFamily, format_shape_key, skinny
 from tuner_kernels.common import (DTYPES, KernelCall, launch_options, pow2_at_least,
-                            row_value, sm_count, tensor_backend)
+                            row_value, sm_count, split_counters, store_split, tensor_backend)
 from tuner_kernels.cost import gemm_cost
 
 __all__ = ["FAMILY", "LAYOUTS", "REDUCE_BLOCK", "baseline", "bytes_moved", "default_config",
@@ -57,18 +59,20 @@ REDUCE_BLOCK = 1024
 
 @triton.jit
 def gemm_kernel(
-    a_ptr, b_ptr, c_ptr,
+    a_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
-    stride_cb, stride_cs, stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_MN: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, REDUCE_LAST: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_MN: tl.constexpr,
 ):
     """One (BLOCK_M x BLOCK_N) output tile of one batch entry over one K split.
 
-    grid = (tiles_m * tiles_n, SPLIT_K, batch). With SPLIT_K == 1, c is the output; otherwise c is
-    the fp32 workspace [batch * SPLIT_K, M, N] (stride_cs between splits).
+    grid = (tiles_m * tiles_n, SPLIT_K, batch); out is the contiguous [batch, M, N] output. With
+    SPLIT_K > 1 each split stores its fp32 partial in part, the workspace [batch * SPLIT_K, M, N],
+    and the partials are summed by splitk_reduce_kernel, or in this launch by each tile's last
+    split with REDUCE_LAST (tuner_kernels.common.store_split; count_ptr: one count a tile).
     """
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -110,25 +114,28 @@ def gemm_kernel(
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
-    c_ptrs = (c_ptr + pid_b * stride_cb + pid_k * stride_cs + offs_m[:, None] * stride_cm
-              + offs_n[None, :] * stride_cn)
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    tile_offs = offs_m[:, None] * N + offs_n[None, :]
+    store_split(acc, out_ptr + pid_b * M * N + tile_offs,
+                part_ptr + pid_b * SPLIT_K * M * N + tile_offs, M * N, pid_k,
+                mask_m[:, None] & mask_n[None, :], count_ptr + pid_b * tl.num_programs(0) + pid,
+                SPLIT_K, REDUCE_LAST)
 
 
 @triton.jit
 def gemm_tma_kernel(
-    a_desc, b_desc, c_ptr,
+    a_desc, b_desc, out_ptr, part_ptr, count_ptr,
     M, N, K,
-    stride_cs, stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, B_IS_WEIGHT: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, REDUCE_LAST: tl.constexpr,
+    B_IS_WEIGHT: tl.constexpr,
 ):
     """gemm_kernel with A and B read through tensor descriptors (TMA on sm90+): 2-D, batch 1.
 
     a_desc: A [M, K] row-major, block [BLOCK_M, BLOCK_K]. b_desc: the weight [N, K] row-major with
     block [BLOCK_N, BLOCK_K] (B_IS_WEIGHT, layout NT) or B [K, N] row-major with block
     [BLOCK_K, BLOCK_N] (layout NN). Out-of-range rows / columns of a block read as zero, so ragged
-    shapes need no masks on loads. grid = (tiles_m * tiles_n, SPLIT_K).
+    shapes need no masks on loads. grid = (tiles_m * tiles_n, SPLIT_K); the output, partials and
+    counts as gemm_kernel's.
     """
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -159,8 +166,9 @@ def gemm_tma_kernel(
 
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
-    c_ptrs = c_ptr + pid_k * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    tile_offs = offs_m[:, None] * N + offs_n[None, :]
+    store_split(acc, out_ptr + tile_offs, part_ptr + tile_offs, M * N, pid_k,
+                (offs_m[:, None] < M) & (offs_n[None, :] < N), count_ptr + pid, SPLIT_K, REDUCE_LAST)
 
 
 @triton.jit
@@ -342,7 +350,9 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     workspace = None
     if split_k > 1:
         workspace = torch.empty((batch * split_k, m, n), device=a.device, dtype=torch.float32)
-    target, stride_cs = (out, 0) if workspace is None else (workspace, m * n)
+    part = out if workspace is None else workspace
+    # REDUCE_LAST: each tile's last K split sums the partials in this launch (common.store_split)
+    reduce_last = split_k > 1 and int(config.get("REDUCE_LAST", 0)) == 1
 
     schedule = int(config.get("SCHEDULE", 0))
     if schedule not in SCHEDULES:
@@ -353,9 +363,9 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
         # out^T = W . A^T with the weight rows as the MMA's M side (tuner_kernels/skinny.py); batched
         # (bmm) shapes keep the tiled kernel
         kernel, sk_grid, args, sk_meta, sk_opts = skinny.plan(
-            b.t(), a, target, None, block_n=block_n, block_m=block_m, block_k=block_k,
-            split_k=split_k, use_tma=use_tma, options=opts, stride_cs=stride_cs, stride_cm=n,
-            balance=int(config.get("BALANCE_N", 0)) == 1)
+            b.t(), a, out, workspace, None, block_n=block_n, block_m=block_m, block_k=block_k,
+            split_k=split_k, use_tma=use_tma, options=opts,
+            balance=int(config.get("BALANCE_N", 0)) == 1, reduce_last=reduce_last)
         calls = [KernelCall(kernel, sk_grid, args, sk_meta, sk_opts)]
     elif schedule != 0 and a.dim() == 2 and b.dim() == 2:
         if split_k != 1:
@@ -372,14 +382,15 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     elif use_tma and tma_supported(a, b):
         a_desc, b_desc = _descriptors(a, b, block_m, block_n, block_k)
         tma_meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
-                        SPLIT_K=split_k, B_IS_WEIGHT=b_is_weight)
-        args = (a_desc, b_desc, target, m, n, k, stride_cs, n, 1)
+                        SPLIT_K=split_k, REDUCE_LAST=reduce_last, B_IS_WEIGHT=b_is_weight)
+        counts = split_counters(grid[0], a.device) if reduce_last else out
+        args = (a_desc, b_desc, out, part, counts, m, n, k)
         calls = [KernelCall(gemm_tma_kernel, grid[:2], args, tma_meta, opts)]
     else:
-        args = (a, b, target, m, n, k, sab, sam, sak, sbb, sbk, sbn, split_k * m * n if workspace is not None
-                else m * n, stride_cs, n, 1)
-        calls = [KernelCall(gemm_kernel, grid, args, meta, opts)]
-    if workspace is not None:
+        counts = split_counters(grid[0] * batch, a.device) if reduce_last else out
+        args = (a, b, out, part, counts, m, n, k, sab, sam, sak, sbb, sbk, sbn)
+        calls = [KernelCall(gemm_kernel, grid, args, {**meta, "REDUCE_LAST": reduce_last}, opts)]
+    if workspace is not None and not reduce_last:
         calls.append(KernelCall(splitk_reduce_kernel, (triton.cdiv(m * n, REDUCE_BLOCK), batch),
                                 (workspace, out, m * n), dict(SPLIT_K=split_k, BLOCK=REDUCE_BLOCK),
                                 {"num_warps": 4}))
@@ -458,6 +469,7 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
                   "GROUP_M": 1, "SPLIT_K": 4 if n <= 1024 else 1, "SWAP_AB": 1, "TMA": 1, "SCHEDULE": 0,
                   "num_warps": 4, "num_stages": 4 if wide or block_k == 256 else 6}
     config["BALANCE_N"] = 0  # the measured winners above; balanced rows are a search knob
+    config["REDUCE_LAST"] = 0
     return config
 
 

@@ -421,12 +421,10 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     use_dot = int(config.get("USE_DOT", 0))
     has_bias = bias is not None
     if use_dot == 2:  # the swap-AB skinny kernel (tuner_kernels/skinny.py): W is the MMA's M side
-        target, stride_cs, stride_cm = (out, 0, out.stride(0)) if split_k == 1 else (part, m * n, n)
         kernel, grid, args, meta, options = skinny.plan(
-            weight, x, target, bias, block_n=rows, block_m=DOT_ROWS, block_k=block_k,
-            split_k=split_k, use_tma=backend in ("cuda", "cpu"), stride_cs=stride_cs,
-            stride_cm=stride_cm, options=launch_options(config, backend),
-            balance=int(config.get("BALANCE_N", 0)) == 1)
+            weight, x, out, part if split_k > 1 else None, bias, block_n=rows, block_m=DOT_ROWS,
+            block_k=block_k, split_k=split_k, use_tma=backend in ("cuda", "cpu"),
+            options=launch_options(config, backend), balance=int(config.get("BALANCE_N", 0)) == 1)
         calls = [KernelCall(kernel, grid, args, meta, options)]
         if split_k > 1:
             calls.append(_reduce_call(part, out, bias, m, n, split_k))

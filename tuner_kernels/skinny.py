@@ -28,8 +28,10 @@ same sum in the same order: the bytes do not change.
 Grid: (cdiv(m, BLOCK_M), cdiv(n, ROWS), SPLIT_K), the activation tiles fastest: where m needs
 several tiles (m > BLOCK_M) the programs that share a weight tile run together, so the weight
 comes from HBM once and from L2 for the others. SPLIT_K > 1 writes fp32 partials
-[SPLIT_K, m, n] that the family's reduce kernel sums in a fixed order (no atomics: bit
-reproducible; no host-side state, so a CUDA graph replays it as captured). Rows past n / m are
+[SPLIT_K, m, n] that the family's reduce kernel sums in a fixed order (bit reproducible; no
+host-side state, so a CUDA graph replays it as captured), or with REDUCE_LAST (gemm's config)
+the last split of each tile sums them in the same order within the launch
+(tuner_kernels.common.store_split: one arrival count a tile, zeroed with the launch). Rows past n / m are
 clamped for the pointer loads (no row masks in the loop) and masked at the store; the
 descriptors read out-of-range rows and columns as zeros.
 """
@@ -39,16 +41,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tuner_kernels.common import sm_count
+from tuner_kernels.common import sm_count, split_counters, store_split
 
 __all__ = ["balanced_rows", "descriptor_ok", "plan", "skinny_kernel", "skinny_tma_kernel"]
 
 
 @triton.jit
-def skinny_kernel(w_ptr, a_ptr, c_ptr, bias_ptr, M, N, K, ROWS,
-                  stride_wn, stride_wk, stride_am, stride_ak, stride_cs, stride_cm,
+def skinny_kernel(w_ptr, a_ptr, out_ptr, part_ptr, count_ptr, bias_ptr, M, N, K, ROWS,
+                  stride_wn, stride_wk, stride_am, stride_ak, stride_om,
                   BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+                  SPLIT_K: tl.constexpr, REDUCE_LAST: tl.constexpr, EVEN_K: tl.constexpr,
+                  HAS_BIAS: tl.constexpr):
     """Pointer loads (cp.async stages on sm90, LDS stages on gfx9): any strides."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -82,15 +85,17 @@ def skinny_kernel(w_ptr, a_ptr, c_ptr, bias_ptr, M, N, K, ROWS,
         a_ptrs += BLOCK_K * stride_ak
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rows_w).to(tl.float32)[:, None]
-    c_ptrs = c_ptr + pid_k * stride_cs + offs_m[None, :] * stride_cm + offs_n[:, None]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
-             mask=(offs_m[None, :] < M) & (offs_n[:, None] < row_end))
+    store_split(acc, out_ptr + offs_m[None, :] * stride_om + offs_n[:, None],
+                part_ptr + offs_m[None, :] * N + offs_n[:, None], M * N, pid_k,
+                (offs_m[None, :] < M) & (offs_n[:, None] < row_end),
+                count_ptr + pid_m * tl.num_programs(1) + pid_n, SPLIT_K, REDUCE_LAST)
 
 
 @triton.jit
-def skinny_tma_kernel(w_desc, a_desc, c_ptr, bias_ptr, M, N, K, ROWS, stride_cs, stride_cm,
+def skinny_tma_kernel(w_desc, a_desc, out_ptr, part_ptr, count_ptr, bias_ptr, M, N, K, ROWS,
+                      stride_om,
                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                      SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+                      SPLIT_K: tl.constexpr, REDUCE_LAST: tl.constexpr, HAS_BIAS: tl.constexpr):
     """Tensor-descriptor loads (TMA on sm90): w_desc the row-major weight [n, k], block
     [BLOCK_N, BLOCK_K]; a_desc the row-major A [m, k], block [BLOCK_M, BLOCK_K]."""
     pid_m = tl.program_id(0)
@@ -112,9 +117,10 @@ def skinny_tma_kernel(w_desc, a_desc, c_ptr, bias_ptr, M, N, K, ROWS, stride_cs,
     offs_m = off_m + tl.arange(0, BLOCK_M)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + tl.minimum(offs_n, N - 1)).to(tl.float32)[:, None]
-    c_ptrs = c_ptr + pid_k * stride_cs + offs_m[None, :] * stride_cm + offs_n[:, None]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
-             mask=(offs_m[None, :] < M) & (offs_n[:, None] < row_end))
+    store_split(acc, out_ptr + offs_m[None, :] * stride_om + offs_n[:, None],
+                part_ptr + offs_m[None, :] * N + offs_n[:, None], M * N, pid_k,
+                (offs_m[None, :] < M) & (offs_n[:, None] < row_end),
+                count_ptr + pid_m * tl.num_programs(1) + pid_n, SPLIT_K, REDUCE_LAST)
 
 
 def balanced_rows(n: int, block_n: int, other_programs: int, sm_count: int) -> int:
@@ -139,12 +145,15 @@ def descriptor_ok(*tensors) -> bool:
     return True
 
 
-def plan(weight, a, target, bias, *, block_n: int, block_m: int, block_k: int, split_k: int,
-         use_tma: bool, options: dict, stride_cs: int, stride_cm: int, balance: bool = False):
+def plan(weight, a, out, part, bias, *, block_n: int, block_m: int, block_k: int, split_k: int,
+         use_tma: bool, options: dict, balance: bool = False, reduce_last: bool = False):
     """(kernel, grid, args, constexprs, options) of one skinny launch: `weight` the [n, k] view
-    (any strides), `a` the [m, k] view, `target` the output (or fp32 workspace, stride_cs apart
-    per split), `bias` [n] or None (added only when split_k == 1); `balance`: balanced rows
-    (module docstring) on the multiprocessors of `weight`'s device."""
+    (any strides), `a` the [m, k] view, `out` the [m, n] output (unit column stride), `part`
+    the contiguous fp32 workspace [split_k, m, n] when split_k > 1 (None otherwise), `bias` [n]
+    or None (added only when split_k == 1); `balance`: balanced rows (module docstring) on the
+    multiprocessors of `weight`'s device; `reduce_last`: the last split of each tile sums the
+    partials into `out` in this launch (tuner_kernels.common.store_split), else the caller's
+    reduce kernel does."""
     n, k = weight.shape
     m = a.shape[0]
     rows = block_n
@@ -153,17 +162,20 @@ def plan(weight, a, target, bias, *, block_n: int, block_m: int, block_k: int, s
                              sm_count(weight.device))
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, rows), split_k)
     has_bias = bias is not None and split_k == 1
-    bias_arg = bias if has_bias else target  # never read when HAS_BIAS is False
+    reduce_last = reduce_last and split_k > 1
+    part = out if part is None else part
+    counts = split_counters(grid[0] * grid[1], out.device) if reduce_last else out
+    bias_arg = bias if has_bias else out  # never read when HAS_BIAS is False
     meta = dict(BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=block_k, SPLIT_K=split_k,
-                HAS_BIAS=has_bias)
+                REDUCE_LAST=reduce_last, HAS_BIAS=has_bias)
     if use_tma and descriptor_ok(weight, a):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         w_desc = TensorDescriptor(weight, [n, k], [weight.stride(0), 1], [block_n, block_k])
         a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, block_k])
-        args = (w_desc, a_desc, target, bias_arg, m, n, k, rows, stride_cs, stride_cm)
+        args = (w_desc, a_desc, out, part, counts, bias_arg, m, n, k, rows, out.stride(0))
         return skinny_tma_kernel, grid, args, meta, options
-    args = (weight, a, target, bias_arg, m, n, k, rows, weight.stride(0), weight.stride(1),
-            a.stride(0), a.stride(1), stride_cs, stride_cm)
+    args = (weight, a, out, part, counts, bias_arg, m, n, k, rows, weight.stride(0),
+            weight.stride(1), a.stride(0), a.stride(1), out.stride(0))
     tiles_even = k % block_k == 0
     return skinny_kernel, grid, args, {**meta, "EVEN_K": tiles_even}, options

@@ -1,13 +1,16 @@
 """The gemm family at prefill sizes against torch (cuBLAS), and an export of what won.
 
 Run by scripts/gpu/prefill_gemm.sh (its header says what it measures); alone:
-    PYTHONPATH=$PWD python3 scripts/gpu/prefill_gemm.py --out DIR [--budget-s S] [--smoke]
+    PYTHONPATH=$PWD python3 scripts/gpu/prefill_gemm.py --out DIR [--budget-s S] [--m M,M..]
+        [--ab-m M] [--all-known] [--smoke]
 
 Per shape (Llama-3.1-8B linears at m = 128 ... 8192, NT, bf16): cold input sets (rotated past
 2 x L2, tuner.bench.make_input_sets), torch.matmul, the default config and the configs of
 tuner_kernels.candidates for that shape (the persistent-schedule ones among them) plus the default's
 tile on the persistent schedule (SCHEDULE 1 and 2, TMA 1), each timed with tuner.bench
-(CUDA-graph replays, median of group medians); the fastest paired against torch
+(CUDA-graph replays, median of group medians; --all-known: every known config of the shape,
+not only the first four tiled ones, compiled ahead in a thread pool by tuner.precompile); the
+fastest paired against torch
 (tuner.bench.compare: speedup with its 95% interval) and judged by tuner.parity (the three
 facts); TFLOP/s of both and their share of the measured bf16 matmul rate
 (tuner.device.measure_matmul_rate). The paired results go through tuner.rank.decide (the gate,
@@ -27,7 +30,7 @@ import traceback
 
 SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 # the unfused linears transformers' Llama runs (q/o and down are above), at the A/B's prompt
-# length only: what `tuner ab --phase prefill|mixed --prompt-tokens 2048` can hit
+# length only (--ab-m): what `tuner ab --phase prefill|mixed --prompt-tokens M` can hit
 AB_SHAPES = [("k/v", 1024, 4096), ("gate/up", 14336, 4096)]
 AB_M = 2048
 # interleaved large / small m, so that a spent budget cuts the least informative cases
@@ -35,11 +38,29 @@ M_ORDER = (2048, 128, 8192, 256, 1024, 4096, 512)
 SMOKE_SHAPES, SMOKE_M = [("tiny", 40, 72)], (144, 160)
 
 
+def m_values(text: str) -> tuple[int, ...]:
+    """--m: comma-separated positive integers."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"comma-separated positive integers, not {text!r}")
+    return values
+
+
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="folder for results.json and export/")
     p.add_argument("--budget-s", type=float, default=140.0,
                    help="start no shape after this many seconds (default 140)")
+    p.add_argument("--m", type=m_values, default=(), help="comma-separated m values to run, in this order "
+                   f"(default {','.join(map(str, M_ORDER))})")
+    p.add_argument("--ab-m", type=int, default=AB_M,
+                   help=f"the prompt length of the A/B: the unfused k/v and gate/up linears are "
+                   f"added at this m when it is among --m (default {AB_M})")
+    p.add_argument("--all-known", action="store_true",
+                   help="time every known config of a shape, not only the first 4 tiled ones")
     p.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes")
     return p.parse_args(argv)
 
@@ -88,15 +109,17 @@ def main(argv=None) -> int:
 
     def short(config: dict) -> str:
         keys = {"BLOCK_M": "M", "BLOCK_N": "N", "BLOCK_K": "K", "GROUP_M": "G", "SPLIT_K": "sk",
-                "SWAP_AB": "swap", "SCHEDULE": "sch", "TMA": "tma", "num_warps": "w",
-                "num_stages": "s"}
+                "REDUCE_LAST": "last", "SWAP_AB": "swap", "BALANCE_N": "bal", "SCHEDULE": "sch",
+                "TMA": "tma", "num_warps": "w", "num_stages": "s"}
         return ",".join(f"{keys[k]}{v}" for k, v in config.items() if k in keys)
 
     def configs_for(shape: dict) -> list[dict]:
         default = gemm.default_config(shape, backend, sm_count=sms)
         known = space.known(candidate_configs("gemm", shape, backend, sms), shape, default)
         persistent = [c for c in known if c.get("SCHEDULE")]
-        tiled = [c for c in known if not c.get("SCHEDULE")][:4]
+        tiled = [c for c in known if not c.get("SCHEDULE")]
+        if not args.all_known:
+            tiled = tiled[:4]
         own_tile = [{**default, "SPLIT_K": 1, "SCHEDULE": s, "TMA": 1} for s in (1, 2)]
         if smoke:  # interpreter: tiny tiles, the persistent path with and without descriptors
             tile = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 1, "SPLIT_K": 1,
@@ -114,10 +137,20 @@ def main(argv=None) -> int:
         text = str(exc).strip()
         return f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"
 
-    cases = [(name, m, n, k) for m in (SMOKE_M if smoke else M_ORDER)
+    m_order = args.m or M_ORDER
+    cases = [(name, m, n, k) for m in (SMOKE_M if smoke else m_order)
              for name, n, k in (SMOKE_SHAPES if smoke else SHAPES)]
-    if not smoke:
-        cases[len(SHAPES):len(SHAPES)] = [(name, AB_M, n, k) for name, n, k in AB_SHAPES]
+    if not smoke and args.ab_m in m_order:
+        at = m_order.index(args.ab_m) * len(SHAPES) + len(SHAPES)
+        cases[at:at] = [(name, args.ab_m, n, k) for name, n, k in AB_SHAPES]
+    if args.all_known and not smoke:  # compile every case's configs ahead, in parallel
+        from tuner.precompile import precompile
+
+        shapes = [{"m": m, "n": n, "k": k, "dtype": "bfloat16", "layout": "NT"} for _, m, n, k in cases]
+        jobs = [(gemm.FAMILY, shape, c) for shape in shapes for c in configs_for(shape)]
+        report = precompile(jobs, backend, deadline=start + args.budget_s / 2)
+        say(f"precompiled {report.compiled} kernels of {report.jobs} configs in {report.seconds:.0f}s "
+            f"({len(report.failures)} failed, {report.skipped} skipped)")
     rows, studies = [], []
 
     def save(exported: str = "") -> None:  # after every case: a killed run keeps what it measured

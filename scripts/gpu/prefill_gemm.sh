@@ -6,17 +6,20 @@
 # `tuner ab` rows.
 #   1. scripts/gpu/prefill_gemm.py (its docstring): Llama-3.1-8B linears (n, k) = (6144, 4096),
 #      (4096, 4096), (28672, 4096), (4096, 14336) at m = 128 ... 8192, and the unfused (1024, 4096),
-#      (14336, 4096) at m = 2048 (what transformers' Llama runs); per shape torch.matmul, the
-#      default config, the persistent-schedule configs (SCHEDULE 1 / 2) and the known tiled
-#      ones, timed with tuner.bench on cold caches; the fastest paired against torch (speedup
+#      (14336, 4096) at m = PROMPT_TOKENS when it is among GEMM_M (what transformers' Llama
+#      runs); per shape torch.matmul, the default config, the persistent-schedule configs
+#      (SCHEDULE 1 / 2) and the known tiled ones, timed with tuner.bench on cold caches; the fastest paired against torch (speedup
 #      with its 95% interval), its parity facts, TFLOP/s and % of the measured bf16 matmul rate;
 #      the paired results ranked (tuner.rank.decide) and exported (tuner.export) for part 2.
-#      GEMM_BUDGET_S (default 140): no shape starts after it; GEMM_TIMEOUT_S (default 190).
+#      GEMM_BUDGET_S (default 140): no shape starts after it; GEMM_TIMEOUT_S (default 190);
+#      GEMM_M: the m values, comma-separated (default all seven); GEMM_ALL=1: every known config
+#      of a shape (--all-known), compiled ahead.
 #   2. tuner ab --phase prefill --prompt-tokens $PROMPT_TOKENS (default 2048, batch 1) and
 #      tuner ab --phase mixed (the decode step of MIXED_BATCH sequences, default 8, plus one
 #      PROMPT_TOKENS chunk) on AB_CONFIG (default shapes/examples/models/llama31_8b.json) with
 #      part 1's export, against the default baseline (AB_BASELINE names another, e.g. eager, the
-#      fastest to set up); AB_TIMEOUT_S (default 165) each (worst case of the whole script
+#      fastest to set up); AB_PHASES: the phases (default "prefill mixed"); AB_TIMEOUT_S
+#      (default 165) each (worst case of the whole script
 #      about 9.5 min, typically less). At MIXED_BATCH <= 8 the decode
 #      linears are gemv calls, which part 1 does not export: only the chunk's linears are tuned.
 # Writes $OUT/prefill_gemm.log (everything), $OUT/gemm.log, $OUT/gemm_results.json,
@@ -45,15 +48,18 @@ else
 fi
 
 stamp "part 1: gemm vs torch.matmul at m = 128 ... 8192"
+ALL_FLAG=; [ "${GEMM_ALL:-0}" = 1 ] && ALL_FLAG=--all-known
 timeout "${GEMM_TIMEOUT_S:-190}" python3 scripts/gpu/prefill_gemm.py --out "$W/gemm" \
-  --budget-s "${GEMM_BUDGET_S:-140}" $SMOKE_FLAG > "$OUT/gemm.log" 2>&1
+  --budget-s "${GEMM_BUDGET_S:-140}" ${GEMM_M:+--m "$GEMM_M"} --ab-m "$PROMPT_TOKENS" \
+  $ALL_FLAG $SMOKE_FLAG \
+  > "$OUT/gemm.log" 2>&1
 echo "part 1 rc=$?" | tee -a "$LOG"
 cat "$OUT/gemm.log" >> "$LOG"
 cp "$W/gemm/results.json" "$OUT/gemm_results.json" 2>/dev/null
 EXPORT=$(ls -d "$W"/gemm/export/*/ 2>/dev/null | head -n 1)
 [ -n "$EXPORT" ] && mkdir -p "$OUT/export" && cp -r "$EXPORT". "$OUT/export/"
 
-for phase in prefill mixed; do
+for phase in ${AB_PHASES:-prefill mixed}; do
   batch=1; [ "$phase" = mixed ] && batch=$MIXED_BATCH
   stamp "part 2: tuner ab --phase $phase --prompt-tokens $PROMPT_TOKENS --batch $batch"
   export_flag=(--export "${EXPORT:-$W/no-export}")
