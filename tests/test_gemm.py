@@ -278,7 +278,7 @@ def test_reduce_last_is_one_launch_with_the_same_bytes(case):
     assert rel_err(out, gemm.reference(inputs)) < TOLERANCE["bfloat16"]
 
 
-def test_reduce_last_in_the_space_and_the_known_configs():
+def test_reduce_last_in_the_space_not_in_the_known_configs():
     from tuner_kernels.candidates import candidate_configs
 
     shape = {"m": 128, "n": 4096, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
@@ -291,7 +291,7 @@ def test_reduce_last_in_the_space_and_the_known_configs():
     assert "REDUCE_LAST" not in space.order_params  # the same bytes (test above)
     known = candidate_configs("gemm", shape, "cuda", 132)
     splits = [c for c in known if c.get("SPLIT_K", 1) > 1]
-    assert splits and all({**c, "REDUCE_LAST": 1 - c["REDUCE_LAST"]} in known for c in splits)
+    assert splits and all(c["REDUCE_LAST"] == 0 for c in splits)  # slower on the H200: not known
 
 
 def test_swap_ab_in_the_spaces():

@@ -1,0 +1,161 @@
+"""The transformers module layouts tuner.serving routes: what a module's attributes say it
+computes, read without running it (stateless; serving decides what to route from these).
+
+- `moe_layout`: a fused experts module whose stored weights the moe kernel reads as they are;
+- `norm_folds`: a decoder layer's RMSNorms and the projections that alone read their output (the
+  norms `tuner.serving.install` folds into tuner.norm_linear);
+- `linear_structure`, `linear_lookup_parts`, `gemv_shape`: an nn.Linear's structure and the parts
+  of the gemv / gemm shapes its calls look up in an export;
+- `hf_structure`, `plain_kwargs`, `decode_mask`: an attention module's head structure, whether
+  the keyword arguments of an attention call leave SDPA's result unchanged, and whether its mask
+  is one the decode kernel reads; `hf_attention_interface`: transformers' attention registry, if
+  the process imported transformers.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+__all__ = ["FOLD_LAYERS", "HF_PLAIN_KWARGS", "decode_mask", "gemv_shape", "hf_attention_interface",
+           "hf_structure", "linear_lookup_parts", "linear_structure", "moe_layout", "norm_folds",
+           "plain_kwargs", "rms_norm_eps"]
+
+
+def moe_layout(module) -> tuple[int, int, int] | None:
+    """(experts, hidden, inter) of a transformers fused experts module whose stored weights the
+    moe kernel reads as they are (gate_up_proj [E, 2 * inter, hidden], gate rows then up rows;
+    down_proj [E, hidden, inter]; no biases; SiLU; not expert-parallel), else None."""
+    w1, w2 = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not (isinstance(w1, torch.Tensor) and isinstance(w2, torch.Tensor)
+            and w1.dim() == 3 and w2.dim() == 3):
+        return None
+    # the flags transformers' experts decorator sets (absent before it had them: the defaults)
+    if (getattr(module, "is_transposed", False) or not getattr(module, "is_concatenated", True)
+            or getattr(module, "has_bias", False) or not getattr(module, "has_gate", True)
+            or getattr(module, "has_post_expert_norm", False)
+            or getattr(module, "_is_expert_parallel", False)
+            or any(isinstance(getattr(module, name, None), torch.Tensor)
+                   for name in ("gate_up_proj_bias", "down_proj_bias"))):
+        return None
+    act = getattr(module, "act_fn", None)
+    if not (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"):
+        return None
+    experts, two_inter, hidden = (int(d) for d in w1.shape)
+    if two_inter % 2 or tuple(w2.shape) != (experts, hidden, two_inter // 2):
+        return None
+    return experts, hidden, two_inter // 2
+
+
+# decoder layers whose forward feeds input_layernorm's output only to self_attn's q/k/v
+# projections and post_attention_layernorm's only to the MLP's gate/up projections (transformers
+# 5; tests/test_serving.py runs each that the installed transformers has, folded and not)
+FOLD_LAYERS = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer",
+               "Qwen3DecoderLayer", "Qwen2MoeDecoderLayer", "Qwen3MoeDecoderLayer",
+               "MixtralDecoderLayer")
+
+
+def norm_folds(model: torch.nn.Module) -> list[tuple[torch.nn.Module, list[torch.nn.Linear]]]:
+    """(RMSNorm module, the nn.Linear projections that alone read its output) of every decoder
+    layer in FOLD_LAYERS: input_layernorm with self_attn's q/k/v projections, and
+    post_attention_layernorm with a dense MLP's gate/up projections (a MoE block's router and
+    experts read the norm's output too: that norm stays)."""
+    folds = []
+    for layer in model.modules():
+        if type(layer).__name__ not in FOLD_LAYERS:
+            continue
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        dense_mlp = all(isinstance(getattr(mlp, name, None), torch.nn.Linear)
+                        for name in ("gate_proj", "up_proj", "down_proj"))
+        for norm_name, owner, names in (
+                ("input_layernorm", attn, ("q_proj", "k_proj", "v_proj")),
+                ("post_attention_layernorm", mlp if dense_mlp else None, ("gate_proj", "up_proj"))):
+            norm = getattr(layer, norm_name, None)
+            linears = [getattr(owner, name, None) for name in names]
+            if (rms_norm_eps(norm) is not None and owner is not None
+                    and all(isinstance(lin, torch.nn.Linear) for lin in linears)
+                    and all(lin.in_features == norm.weight.shape[0] for lin in linears)):
+                folds.append((norm, linears))
+    return folds
+
+
+def rms_norm_eps(module) -> float | None:
+    """The eps of a transformers RMSNorm module (`rms_norm`'s arithmetic: weight [hidden] times
+    the normed x), else None."""
+    if module is None or not type(module).__name__.endswith("RMSNorm"):
+        return None
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if not (isinstance(weight, torch.Tensor) and weight.dim() == 1 and isinstance(eps, float)):
+        return None
+    return eps
+
+
+# keyword arguments transformers passes its attention functions that do not change what SDPA
+# computes (positions, cache bookkeeping; a sliding window is in the mask, flash-only lengths):
+# a call with any other argument set (a position bias, soft-capping, attention sinks, one a
+# later transformers adds) stays transformers'
+HF_PLAIN_KWARGS = frozenset({"cache_position", "position_ids", "use_cache", "sliding_window",
+                              "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+                              "past_key_values", "past_key_value", "layer_idx"})
+
+
+def hf_structure(module, groups: int) -> tuple:
+    """A transformers attention module's structure as plain ints (its config's head counts and
+    its head_dim), or () where it does not say."""
+    config = getattr(module, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(module, "head_dim", None)
+    if not (isinstance(heads, int) and isinstance(head_dim, int) and heads % groups == 0):
+        return ()
+    return (("heads", heads), ("kv_heads", heads // groups), ("head_dim", head_dim))
+
+
+def plain_kwargs(kwargs: dict) -> bool:
+    return all(value is None or value is False or name in HF_PLAIN_KWARGS
+               for name, value in kwargs.items())
+
+
+def hf_attention_interface():
+    """transformers' AttentionInterface, if the process has imported transformers (a model that
+    dispatches attention through it); else None. Never imports transformers itself."""
+    utils = sys.modules.get("transformers.modeling_utils")
+    interface = getattr(utils, "AttentionInterface", None)
+    mapping = getattr(interface, "_global_mapping", None)
+    if not isinstance(mapping, dict) or not callable(mapping.get("sdpa")):
+        return None
+    return interface
+
+
+def decode_mask(mask, query: torch.Tensor, key: torch.Tensor) -> bool:
+    """No mask, or one the decode kernel reads: [batch|1, heads|1, 1, kv_len], bool or floating."""
+    if mask is None:
+        return True
+    return (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[2] == 1
+            and mask.shape[0] in (1, query.shape[0]) and mask.shape[1] in (1, query.shape[1])
+            and mask.shape[3] == key.shape[2] and mask.device == query.device
+            and (mask.dtype == torch.bool or mask.dtype.is_floating_point))
+
+def gemv_shape(m: int, n: int, k: int, dtype, bias) -> dict:
+    """The gemv family's shape of a linear call (its schema's key order; "bias": 1 with a bias)."""
+    shape = {"m": int(m), "n": int(n), "k": int(k), "dtype": str(dtype).removeprefix("torch.")}
+    if bias is not None:
+        shape["bias"] = 1
+    return shape
+
+
+def linear_structure(module: torch.nn.Linear) -> tuple:
+    """An nn.Linear's (n, k, dtype, bias) as plain values: constants under torch.compile."""
+    return (("n", module.out_features), ("k", module.in_features),
+            ("dtype", str(module.weight.dtype).removeprefix("torch.")),
+            ("bias", None if module.bias is None else 1))  # gemv's key: bias=1 or none
+
+
+def linear_lookup_parts(structure: tuple) -> tuple[dict, dict]:
+    """An installed linear's structure as the parts of the gemv and the gemm shapes its calls
+    look up (tuner.serving.linear): gemm's is an unbatched NT shape and keys no bias (it is
+    added after the kernel)."""
+    gemv = dict(structure)
+    gemm = {k: v for k, v in gemv.items() if k != "bias"}
+    return gemv, dict(gemm, layout="NT", batch=None)
