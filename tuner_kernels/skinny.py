@@ -31,8 +31,8 @@ comes from HBM once and from L2 for the others. SPLIT_K > 1 writes fp32 partials
 [SPLIT_K, m, n] that the family's reduce kernel sums in a fixed order (bit reproducible; no
 host-side state, so a CUDA graph replays it as captured), or with REDUCE_LAST (gemm's config)
 the last split of each tile sums them in the same order within the launch
-(tuner_kernels.common.store_split: one arrival count a tile, zeroed with the launch). Rows past n / m are
-clamped for the pointer loads (no row masks in the loop) and masked at the store; the
+(tuner_kernels.common.store_split: one arrival count a tile, zeroed with the launch). Rows past
+n / m are clamped for the pointer loads (no row masks in the loop) and masked at the store; the
 descriptors read out-of-range rows and columns as zeros.
 """
 
