@@ -14,8 +14,8 @@ from tuner.spaces import check_shape, space_for
 TINY = {"m": 3, "experts": 4, "topk": 2, "hidden": 64, "inter": 32, "dtype": "bfloat16"}
 # hidden 48 and inter 40: neither a multiple of BLOCK_SIZE_K 32 (masked K tails in both GEMMs)
 RAGGED = {"m": 5, "experts": 6, "topk": 3, "hidden": 48, "inter": 40, "dtype": "bfloat16"}
-BASE = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1,
-        "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}
+BASE = {"GEMV": 0, "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1,
+        "SPLIT_K": 1, "SPLIT_K_UP": 1, "num_warps": 4, "num_stages": 2}
 SERVED = [  # Qwen3-30B-A3B, Mixtral-8x7B, gpt-oss-20b decode and a prefill-sized batch
     {"m": 1, "experts": 128, "topk": 8, "hidden": 2048, "inter": 768, "dtype": "bfloat16"},
     {"m": 64, "experts": 128, "topk": 8, "hidden": 2048, "inter": 768, "dtype": "bfloat16"},
@@ -50,6 +50,49 @@ def test_kernel_matches_the_fp32_reference_as_closely_as_the_baseline(shape, con
     err = rel_err(out, ref)
     assert err < 8e-3
     assert err <= 1.25 * rel_err(moe.baseline(inputs), ref) + 1e-4
+
+
+GEMV = {**BASE, "GEMV": 1, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 32, "num_stages": 1}
+
+
+@pytest.mark.parametrize("shape,change", [
+    (TINY, {}),
+    # hidden 48, inter 40: ragged K chunks of 32 in both loops, and a last slice of 8 rows
+    (RAGGED, {"BLOCK_SIZE_N": 16}),
+    # one chunk: all of hidden 64, longer than inter 48; 4 rows a program, two pipeline stages
+    ({**TINY, "inter": 48}, {"BLOCK_SIZE_N": 4, "BLOCK_SIZE_K": 64, "num_stages": 2}),
+    # an expert shared by two tokens' pairs, every token of the 3 experts (12 pairs)
+    ({**RAGGED, "m": 12, "experts": 3}, {}),
+], ids=["tiny", "ragged", "long-chunk", "shared-experts"])
+def test_the_gemv_path_matches_the_reference_in_two_launches(shape, change):
+    """GEMV = 1: the up launch writes silu(gate) · up per pair, the down launch sums each token's
+    topk experts in order; no align, no reduce; every output written (poisoned), as close to
+    fp32 as the baseline, the same bytes run to run, and inside the space for the shape."""
+    config = {**GEMV, **change}
+    assert space_for("moe", "cuda").check(config, shape) == ""
+    inputs = moe.make_inputs(shape, "cpu", seed=4)
+    _, calls = moe.launch_plan(inputs, config)
+    assert [c.kernel for c in calls] == [moe.moe_gemv_up_kernel, moe.moe_gemv_down_kernel]
+    ref = moe.reference(inputs)
+    out = torch.full((shape["m"], shape["hidden"]), float("nan"), dtype=torch.bfloat16)
+    moe.launch(inputs, config, out=out)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) <= 1.25 * rel_err(moe.baseline(inputs), ref) + 1e-4
+    assert torch.equal(out, moe.launch(inputs, config))
+
+
+def test_the_gemv_path_is_kept_to_decode_sizes_with_its_other_knobs_pinned():
+    space = space_for("moe", "cuda")
+    decode, prefill = SERVED[0], {**SERVED[0], "m": 128}
+    gemv = [c for c in space.configs(decode) if c["GEMV"]]
+    assert gemv and not [c for c in space.configs(prefill) if c["GEMV"]]
+    assert all(c["BLOCK_SIZE_N"] <= 32 and c["BLOCK_SIZE_K"] >= 128 and c["SPLIT_K"] == 1
+               and c["SPLIT_K_UP"] == 1 and c["GROUP_SIZE_M"] == 1 for c in gemv)
+    # the MMA path keeps its tiles: no 8-row N tiles, no plain (1-stage) loop on sm90
+    mma = {**moe.default_config(decode), "BLOCK_SIZE_N": 8}
+    assert "BLOCK_SIZE_N >= 32" in space.check(mma, decode)
+    assert "num_stages >= 2" in space.check({**moe.default_config(decode), "num_stages": 1},
+                                            decode)
 
 
 def test_split_k_changes_the_sums_but_is_deterministic():

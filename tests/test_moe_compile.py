@@ -1,7 +1,7 @@
 """Offline compiles of the moe space for sm90 and gfx942 (the DCU space against gfx942 as a gfx9
-proxy) on a CPU-only host: every kernel of the default and of sampled kept configs compiles, fits
-shared memory / LDS and does not spill; the shared-memory constraint's estimate bounds what Triton
-allocates. One compile child per backend, made once per session."""
+proxy) on a CPU-only host: every kernel of the default, of a GEMV-path config and of sampled kept
+configs compiles, fits shared memory / LDS and does not spill; the shared-memory constraint's
+estimate bounds what Triton allocates. One compile child per backend, made once per session."""
 
 import functools
 import json
@@ -21,7 +21,7 @@ SHAPES = [{"m": 1, "experts": 128, "topk": 8, "hidden": 2048, "inter": 768, "dty
           {"m": 64, "experts": 128, "topk": 8, "hidden": 2048, "inter": 768, "dtype": "bfloat16"}]
 SAMPLES = {"cuda": 2, "hip": 1, "dcu": 1}
 # 5 stages of two 64x128 A tiles and a 128x256 B tile: 800 KB, far over sm90's 227 KB
-OVERFLOW = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 8,
+OVERFLOW = {"GEMV": 0, "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 8,
             "SPLIT_K": 1, "SPLIT_K_UP": 1, "num_warps": 8, "num_stages": 5}
 
 
@@ -43,7 +43,9 @@ def jobs(backend: str) -> list:
         default = moe.default_config(shape, backend)
         # the split up projection (fp32 partials summed by the down projection's A loads)
         split_up = {**default, "SPLIT_K_UP": 4 if shape["m"] == 1 else 2}
-        for config in [default, split_up] + rng.sample(kept, SAMPLES[backend]):
+        # the GEMV path (two FMA kernels, a 2-stage loop-level pipeline)
+        gemv = {**default, "GEMV": 1, "BLOCK_SIZE_N": 8, "BLOCK_SIZE_K": 512, "num_stages": 2}
+        for config in [default, split_up, gemv] + rng.sample(kept, SAMPLES[backend]):
             out.append((shape, config))
     if backend == "cuda":
         out.append((SHAPES[1], OVERFLOW))
@@ -74,14 +76,21 @@ def test_kept_configs_compile_fit_and_do_not_spill(backend):
         assert not isinstance(reports, str), f"{config} did not compile: {reports}"
         align = ["moe_align_kernel"] if moe.align_in_kernel(
             shape["m"] * shape["topk"], shape["experts"]) else []
-        assert [r.kernel for r in reports] == align + ["moe_gemm_kernel", "moe_gemm_kernel",
-                                                       "moe_reduce_kernel"]
+        if config["GEMV"]:
+            assert [r.kernel for r in reports] == ["moe_gemv_up_kernel", "moe_gemv_down_kernel"]
+        else:
+            assert [r.kernel for r in reports] == align + ["moe_gemm_kernel", "moe_gemm_kernel",
+                                                           "moe_reduce_kernel"]
         for report in reports:
             assert report.shared <= SHARED_LIMIT[backend], (report, config)
             assert report.n_spills == 0, (report, config)
             assert report.n_regs > 0
             if backend == "cuda" and report.kernel == "moe_gemm_kernel":
                 assert report.shared <= smem_estimate(config), (report, config)
+            if backend == "cuda" and report.kernel.startswith("moe_gemv"):
+                # the space's estimate of the GEMV path's stages: gate, up and x chunks
+                assert report.shared <= config["num_stages"] * (
+                    2 * config["BLOCK_SIZE_N"] + 1) * config["BLOCK_SIZE_K"] * 2, (report, config)
 
 
 def test_the_shared_memory_constraint_rejects_a_config_that_overflows():

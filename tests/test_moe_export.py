@@ -25,11 +25,11 @@ ENGINE_KEYS = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
                "num_stages"}
 
 
-def tuned(shape: dict, index: int, split_k: int = 1, split_up: int = 1) -> dict:
-    """The index-th config of the moe cuda space for `shape` with SPLIT_K = split_k and
-    SPLIT_K_UP = split_up."""
+def tuned(shape: dict, index: int, split_k: int = 1, split_up: int = 1, gemv: int = 0) -> dict:
+    """The index-th config of the moe cuda space for `shape` with SPLIT_K = split_k,
+    SPLIT_K_UP = split_up and GEMV = gemv."""
     configs = [c for c in space_for("moe", "cuda").configs(shape)
-               if c["SPLIT_K"] == split_k and c["SPLIT_K_UP"] == split_up]
+               if c["SPLIT_K"] == split_k and c["SPLIT_K_UP"] == split_up and c["GEMV"] == gemv]
     return sorted(configs, key=lambda c: sorted(c.items()))[index]
 
 
@@ -115,18 +115,19 @@ def test_engine_resolves_the_exported_file_by_its_own_rules(tmp_path, engine, de
 
 
 def test_entries_the_engine_kernel_cannot_run_are_left_out_with_a_warning(tmp_path, capsys):
-    split, split_up = {**QWEN, "m": 16}, {**QWEN, "m": 4}
+    split, split_up, gemv = {**QWEN, "m": 16}, {**QWEN, "m": 4}, {**QWEN, "m": 2}
     entries = [({**QWEN, "m": 1}, tuned({**QWEN, "m": 1}, 0), 3.0),
                (split, tuned(split, 0, split_k=2), 2.0),
-               (split_up, tuned(split_up, 0, split_up=4), 2.5)]
+               (split_up, tuned(split_up, 0, split_up=4), 2.5),
+               (gemv, tuned(gemv, 0, gemv=1), 4.0)]
     export.export(verdicts(entries), out_root=tmp_path, formats=("native", "vllm"))
     (path,) = (tmp_path / "nvidia-h200" / "vllm" / "moe").iterdir()
     assert list(json.loads(path.read_text())) == ["1"]
     err = capsys.readouterr().err
-    assert "SPLIT_K 2" in err and "SPLIT_K_UP 4" in err
-    # the native file keeps all three
+    assert "SPLIT_K 2" in err and "SPLIT_K_UP 4" in err and "GEMV" in err
+    # the native file keeps all four
     native = json.loads((tmp_path / "nvidia-h200" / "moe.json").read_text())
-    assert len(native["configs"]) == 3
+    assert len(native["configs"]) == 4
 
 
 def test_export_cli_writes_the_sglang_layout(tmp_path, capsys):

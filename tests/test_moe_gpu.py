@@ -1,5 +1,5 @@
 """Graph safety of the moe family on the GPU (marker `gpu`): the whole launch (the align kernel
-and the three GEMM and reduce kernels) captured in a CUDA/HIP graph and replayed on new inputs
+and the three GEMM and reduce kernels, or the GEMV path's two) captured in a CUDA/HIP graph and replayed on new inputs
 copied into the captured buffers gives the bytes an eager launch gives, every replay; the align
 kernel gives the bytes of `align`'s torch ops.
 Run with: TRITON_INTERPRET=0 python3 -m pytest -m gpu tests/test_moe_gpu.py"""
@@ -13,12 +13,17 @@ SHAPES = [{"m": 1, "experts": 128, "topk": 8, "hidden": 2048, "inter": 768, "dty
           {"m": 32, "experts": 128, "topk": 8, "hidden": 2048, "inter": 768, "dtype": "bfloat16"}]
 
 
+# the GEMV path: two launches (no align, no reduce), the plain loop and cp.async stages
+GEMV = [{"GEMV": 1, "BLOCK_SIZE_N": 8, "BLOCK_SIZE_K": 512, "num_stages": 1},
+        {"GEMV": 1, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 256, "num_stages": 3}]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("split_k,split_up", [(1, 1), (2, 1), (2, 4)])
+@pytest.mark.parametrize("change", [{}, {"SPLIT_K": 2}, {"SPLIT_K": 2, "SPLIT_K_UP": 4}] + GEMV,
+                         ids=["mma", "split-k", "split-up", "gemv", "gemv-stages"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"m{s['m']}")
-def test_a_captured_launch_replays_the_eager_bytes_on_new_routing(shape, split_k, split_up):
-    config = {**moe.default_config(shape, "hip" if torch.version.hip else "cuda"),
-              "SPLIT_K": split_k, "SPLIT_K_UP": split_up}
+def test_a_captured_launch_replays_the_eager_bytes_on_new_routing(shape, change):
+    config = {**moe.default_config(shape, "hip" if torch.version.hip else "cuda"), **change}
     static = moe.make_inputs(shape, "cuda", seed=0)
     out = torch.empty(shape["m"], shape["hidden"], dtype=torch.bfloat16, device="cuda")
     moe.launch(static, config, out=out)  # compiles before capture

@@ -257,7 +257,7 @@ def engine_moe_documents(doc: dict, engine: str) -> dict[str, dict]:
     """{path under <device>/<engine>/moe/: {"m": config}} for a moe export: one file per (E, N),
     keys the token counts the verdicts measured (ascending), values the six keys the engines'
     kernel reads. SGLang looks in a triton_<version> folder. Entries the engines' kernel cannot
-    run (SPLIT_K or SPLIT_K_UP > 1) are left out with a warning; bf16 and fp16 share a file name, bf16 wins."""
+    run (GEMV = 1, SPLIT_K or SPLIT_K_UP > 1) are left out with a warning; bf16 and fp16 share a file name, bf16 wins."""
     if engine not in ENGINES:
         raise TunerError(f"unknown engine {engine!r}; expected {' or '.join(ENGINES)}")
     device = engine_device_name(doc["device"]["name"], engine)
@@ -270,6 +270,10 @@ def engine_moe_documents(doc: dict, engine: str) -> dict[str, dict]:
     owner: dict[tuple, dict] = {}
     for entry in entries:
         shape, config = entry["shape"], entry["config"]
+        if int(config.get("GEMV", 0)):
+            warn(f"{engine} moe file: leaving out {shape} (GEMV: the engine's fused MoE kernel "
+                 f"has no GEMV path)")
+            continue
         splits = {k: int(config.get(k, 1)) for k in ("SPLIT_K", "SPLIT_K_UP")}
         if any(v != 1 for v in splits.values()):
             said = ", ".join(f"{k} {v}" for k, v in splits.items() if v != 1)

@@ -189,4 +189,31 @@ def _balanced(family: str, shape: dict, raw: list[dict], sms: int) -> list[dict]
     return out
 
 
-_LISTS = {"gemv": _gemv, "gemm": _gemm}
+def _moe(shape: dict, sms: int) -> list[dict]:
+    """The fused MoE (tuner_kernels.moe): at decode sizes the GEMV path (rows a program x K chunk,
+    the gemv family's m = 1 winners' proportions: 4-16 rows, 256-1024 long chunks, the plain loop
+    or a few stages), then the MMA path's measured winners on the H200 (BENCHMARKS.md, "Fused
+    MoE": M16 N256 K64 split K 2 at m = 1, the N128 twin splitting the up projection too, the
+    unsplit N256 at m = 8). Not a function of `sms`."""
+    pairs = int(shape["m"]) * int(shape["topk"])
+    configs = []
+    if pairs <= 512:
+        def gemv(n, k, w, s):
+            return {"GEMV": 1, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": k, "num_warps": w,
+                    "num_stages": s}
+
+        configs += [gemv(8, 512, 4, 1), gemv(4, 1024, 4, 1), gemv(16, 256, 4, 1),
+                    gemv(8, 256, 4, 3), gemv(16, 512, 8, 1), gemv(8, 1024, 8, 1),
+                    gemv(4, 512, 4, 2), gemv(16, 256, 4, 3), gemv(32, 256, 8, 1),
+                    gemv(8, 512, 4, 2), gemv(4, 256, 4, 4), gemv(16, 128, 4, 4)]
+
+    def mma(n, k, w, s, split=1, split_up=1, m=16):
+        return {"GEMV": 0, "BLOCK_SIZE_M": m, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": k,
+                "SPLIT_K": split, "SPLIT_K_UP": split_up, "num_warps": w, "num_stages": s}
+
+    configs += [mma(256, 64, 8, 5, split=2), mma(128, 64, 4, 4, split=2, split_up=2),
+                mma(256, 64, 8, 4), mma(128, 64, 4, 4, split=4)]
+    return configs
+
+
+_LISTS = {"gemv": _gemv, "gemm": _gemm, "moe": _moe}

@@ -55,14 +55,15 @@ import triton
 import triton.language as tl
 
 from tuner_kernels import COMMON_SOURCES, KernelFamily, format_shape_key
-from tuner_kernels.common import DTYPES, KernelCall, launch_options, pow2_at_least, row_value, tensor_backend
+from tuner_kernels.common import (DTYPES, KernelCall, interpreting, launch_options, pow2_at_least,
+                                  row_value, tensor_backend)
 from tuner_kernels.cost import dtype_bytes, moe_cost
 
 __all__ = ["ALIGN_MAX_EXPERTS", "ALIGN_MAX_PAIRS", "ALIGN_TILE", "FAMILY", "ENGINE_KEYS",
            "REDUCE_BLOCK", "align", "align_chunk", "align_in_kernel", "baseline", "bytes_moved",
            "default_config", "flops", "grouped_baseline", "grouped_mm_available", "launch",
            "launch_plan", "loop_baseline", "make_inputs", "max_padded", "moe_align_kernel",
-           "moe_gemm_kernel",
+           "moe_gemm_kernel", "moe_gemv_down_kernel", "moe_gemv_up_kernel",
            "moe_reduce_kernel", "reference", "shape_from_row", "shape_key"]
 
 # The config keys the engines' fused MoE kernel reads (vLLM, SGLang tuned-config files).
@@ -221,6 +222,99 @@ def moe_reduce_kernel(ws_ptr, out_ptr, N, stride_ws, TOPK: tl.constexpr, SPLIT_K
     tl.store(out_ptr + token * N + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def moe_gemv_up_kernel(x_ptr, w1_ptr, act_ptr, ids_ptr, INTER, K, stride_xm, stride_we,
+                       stride_wn, stride_wk, stride_am,
+                       TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       EVEN_K: tl.constexpr, STAGES: tl.constexpr, STATIC_K: tl.constexpr = 0):
+    """The GEMV path's up projection: act[p, rows] = silu(W1g[e] · x[t]) * (W1u[e] · x[t]) for one
+    (token, expert) pair p = t * TOPK + j (e = ids[p]) and BLOCK_N rows of the gate and of the up
+    half. grid = (pairs, cdiv(INTER, BLOCK_N)): the pairs of one row slice launch together, so a
+    second pair of the same expert reads its tile from L2. Gate and up sums in fp32 [BLOCK_N,
+    BLOCK_K] accumulators (W tiles contiguous along K, x repeated across the rows so its loads
+    take the tile's layout), reduced once after the loop; the product rounded once to act's
+    dtype. STAGES: loop-level pipeline depth (1: the plain loop). STATIC_K: K as a constant
+    for the CPU interpreter (0 on a GPU)."""
+    pair = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    token = (pair // TOPK).to(tl.int64)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_safe = tl.minimum(rows, INTER - 1)  # clamped: the W loads need no row mask
+    offs = tl.arange(0, BLOCK_K)
+    zero_rows = tl.zeros([BLOCK_N], dtype=tl.int32)
+    rows64 = rows_safe.to(tl.int64)
+    gate_rows = w1_ptr + expert * stride_we + rows64[:, None] * stride_wn
+    up_rows = w1_ptr + expert * stride_we + (rows64 + INTER)[:, None] * stride_wn
+    x_row = x_ptr + token * stride_xm
+    acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    k_loop = K if STATIC_K == 0 else STATIC_K
+    for k0 in tl.range(0, k_loop, BLOCK_K, num_stages=STAGES):
+        offs_k = k0 + offs
+        offs_2d = zero_rows[:, None] + offs_k[None, :]
+        if EVEN_K:
+            k_mask = None
+            k_other = None
+        else:
+            k_mask = offs_2d < K
+            k_other = 0.0
+        xv = tl.load(x_row + offs_2d, mask=k_mask, other=k_other).to(tl.float32)
+        g = tl.load(gate_rows + offs_k[None, :] * stride_wk, mask=k_mask, other=k_other,
+                    eviction_policy="evict_first").to(tl.float32)
+        u = tl.load(up_rows + offs_k[None, :] * stride_wk, mask=k_mask, other=k_other,
+                    eviction_policy="evict_first").to(tl.float32)
+        acc_g += g * xv
+        acc_u += u * xv
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    act = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(act_ptr + pair.to(tl.int64) * stride_am + rows, act.to(act_ptr.dtype.element_ty),
+             mask=rows < INTER)
+
+
+@triton.jit
+def moe_gemv_down_kernel(act_ptr, w2_ptr, out_ptr, ids_ptr, weights_ptr, N, K, stride_am,
+                         stride_we, stride_wn, stride_wk, stride_om,
+                         TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         EVEN_K: tl.constexpr, STAGES: tl.constexpr, STATIC_K: tl.constexpr = 0):
+    """The GEMV path's down projection and the sum over the topk experts in one launch:
+    out[t, rows] = sum over j < TOPK of weights[p] · W2[e] · act[p], p = t * TOPK + j, e = ids[p],
+    in that fixed order (fp32, rounded once: no atomics, no reduce kernel). grid = (m,
+    cdiv(N, BLOCK_N)), tokens of one row slice together."""
+    token = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_safe = tl.minimum(rows, N - 1)
+    offs = tl.arange(0, BLOCK_K)
+    zero_rows = tl.zeros([BLOCK_N], dtype=tl.int32)
+    k_loop = K if STATIC_K == 0 else STATIC_K
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        pair = (token * TOPK + j).to(tl.int64)
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        scale = tl.load(weights_ptr + pair).to(tl.float32)
+        w_rows = w2_ptr + expert * stride_we + rows_safe.to(tl.int64)[:, None] * stride_wn
+        a_row = act_ptr + pair * stride_am
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in tl.range(0, k_loop, BLOCK_K, num_stages=STAGES):
+            offs_k = k0 + offs
+            offs_2d = zero_rows[:, None] + offs_k[None, :]
+            if EVEN_K:
+                k_mask = None
+                k_other = None
+            else:
+                k_mask = offs_2d < K
+                k_other = 0.0
+            a = tl.load(a_row + offs_2d, mask=k_mask, other=k_other).to(tl.float32)
+            w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=k_mask, other=k_other,
+                        eviction_policy="evict_first").to(tl.float32)
+            acc += w * a
+        total += tl.sum(acc, axis=1) * scale
+    tl.store(out_ptr + token.to(tl.int64) * stride_om + rows, total.to(out_ptr.dtype.element_ty),
+             mask=rows < N)
+
+
 # ----------------------------------------------------------------------------------------------
 # Shapes and inputs
 
@@ -324,9 +418,11 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
         raise ValueError(f"moe: out must be a contiguous ({m}, {hidden}) tensor")
     block_m, block_n, block_k = (int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"]),
                                  int(config["BLOCK_SIZE_K"]))
+    opts = launch_options(config, backend or tensor_backend(x))
+    if int(config.get("GEMV", 0)):
+        return out, _gemv_plan(inputs, config, out, opts)
     group_m, split_k = int(config.get("GROUP_SIZE_M", 1)), int(config.get("SPLIT_K", 1))
     split_up = int(config.get("SPLIT_K_UP", 1))
-    opts = launch_options(config, backend or tensor_backend(x))
     slots = max_padded(pairs, experts, block_m)
     blocks = slots // block_m
     calls = []
@@ -370,6 +466,38 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     return out, calls + [up, down, reduce]
 
 
+def _gemv_plan(inputs: dict, config: dict, out: torch.Tensor, opts: dict) -> list[KernelCall]:
+    """The GEMV path (config GEMV = 1): two launches, no align and no reduce. Up: one program a
+    (pair, BLOCK_SIZE_N rows of inter), writing silu(gate) · up as the [pairs, inter]
+    intermediate in x's dtype; down: one program a (token, BLOCK_SIZE_N rows of hidden), summing
+    the token's topk experts in order. BLOCK_SIZE_K is the K chunk of both loops, num_stages
+    their loop-level pipeline depth."""
+    x, w1, w2 = inputs["x"], inputs["w1"], inputs["w2"]
+    ids = inputs["topk_ids"].contiguous().view(-1)
+    weights = inputs["topk_weights"].contiguous().view(-1)
+    m, hidden = x.shape
+    inter = w1.shape[1] // 2
+    topk = inputs["topk_ids"].shape[1]
+    pairs = m * topk
+    block_n, block_k = int(config["BLOCK_SIZE_N"]), int(config["BLOCK_SIZE_K"])
+    stages = int(config.get("num_stages", 1))
+    act = torch.empty((pairs, inter), device=x.device, dtype=x.dtype)
+    static = interpreting()
+    up = KernelCall(
+        moe_gemv_up_kernel, (pairs, triton.cdiv(inter, block_n)),
+        (x, w1, act, ids, inter, hidden, x.stride(0), w1.stride(0), w1.stride(1), w1.stride(2),
+         act.stride(0)),
+        dict(TOPK=topk, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=hidden % block_k == 0,
+             STAGES=stages, STATIC_K=hidden if static else 0), opts)
+    down = KernelCall(
+        moe_gemv_down_kernel, (m, triton.cdiv(hidden, block_n)),
+        (act, w2, out, ids, weights, hidden, inter, act.stride(0), w2.stride(0), w2.stride(1),
+         w2.stride(2), out.stride(0)),
+        dict(TOPK=topk, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inter % block_k == 0,
+             STAGES=stages, STATIC_K=inter if static else 0), opts)
+    return [up, down]
+
+
 def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     out, calls = launch_plan(inputs, config, out)
     for call in calls:
@@ -391,7 +519,8 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
     else:
         config = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8}
     config["BLOCK_SIZE_K"] = min(config["BLOCK_SIZE_K"], max(32, pow2_at_least(min(hidden, inter))))
-    config.update({"SPLIT_K": 1, "SPLIT_K_UP": 1, "num_warps": 4, "num_stages": 2 if hip else 3})
+    config.update({"GEMV": 0, "SPLIT_K": 1, "SPLIT_K_UP": 1, "num_warps": 4,
+                   "num_stages": 2 if hip else 3})
     if hip:
         config.update({"waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1})
     return config

@@ -4,15 +4,16 @@ For m in MOE_MS (default 1,2,4,8,16,32,64): E = 128, top-k 8, hidden 2048, moe i
 bf16. Input sets share one set of weights (1.2 GB) and differ in x and routing, so consecutive
 calls touch different experts and read them from HBM (cold, as in a decode step). Per m:
   1. parity facts (tuner.parity.Checker, 2 seeds) of the default config and of each screened one;
-  2. screening: the default config and MOE_CONFIGS seeded samples of search_spaces/moe.yaml, each
-     timed once (tuner.bench.time_config, short);
+  2. screening: the default config, the known candidates (tuner_kernels.candidates: the GEMV
+     path's and the MMA path's measured winners) and MOE_CONFIGS seeded samples of
+     search_spaces/moe.yaml, each timed once (tuner.bench.time_config, short);
   3. paired, interleaved comparisons (tuner.bench.compare) of the best screened config and the
      default against the baseline (torch._grouped_mm, or the per-expert loop where torch lacks
      it); the per-expert loop baseline timed at m = 1 and the largest m;
   4. the floor: the touched experts' bytes (tuner_kernels.cost.moe_cost) / the measured read bandwidth
      of artifacts/devices/nvidia-h200.json (falls back to tuner.device's spec);
-  5. where the best config's time goes: the align step (torch ops), the up GEMM, the down GEMM
-     and the reduce, each timed alone under the same protocol (their sum is not the launch's
+  5. where the best config's time goes: the align step, the up GEMM, the down GEMM and the
+     reduce (the GEMV path has only the two GEMVs), each timed alone under the same protocol (their sum is not the launch's
      time: alone, each starts on an idle GPU).
 Prints one line per timed callable, then two tables; writes $OUT/moe_bench.json.
 CPU smoke (interpreter, tiny shape): MOE_SMOKE=1 TRITON_INTERPRET=1 python scripts/gpu/moe_bench.py
@@ -29,6 +30,7 @@ import time
 import torch
 
 from tuner_kernels import get_family, moe
+from tuner_kernels.candidates import candidate_configs
 from tuner import bench, parity
 from tuner.spaces import space_for
 
@@ -82,6 +84,11 @@ def breakdown(shape: dict, config: dict, sets: list[dict]) -> dict:
     planned GEMM and reduce calls one at a time."""
     block_m = int(config["BLOCK_SIZE_M"])
     planned = [{**s, "calls": moe.launch_plan(s, config)[1]} for s in sets]
+    if int(config.get("GEMV", 0)):  # two launches: no align, no reduce
+        return {name: (bench.time_callable(lambda inputs, i=i: inputs["calls"][i].run(), planned,
+                                           groups=GROUPS, replays=REPLAYS, **TIMER).median_us
+                       if name in ("up", "down") else 0.0)
+                for i, name in zip((None, 0, 1, None), PARTS)}
     in_kernel = planned[0]["calls"][0].kernel is moe.moe_align_kernel
     first = 1 if in_kernel else 0  # the up projection's index in the plan
 
@@ -114,10 +121,12 @@ def main() -> int:
         sets = input_sets(shape)
         checker = parity.Checker(family, shape, seeds=2, device=DEVICE)
         default = family.default_config(shape, backend)
-        kept = space_for("moe", backend).configs(shape)
+        space = space_for("moe", backend)
+        kept = space.configs(shape)
+        known = space.known(candidate_configs("moe", shape, backend), shape, default)
         picks = random.Random(m).sample(kept, min(N_CONFIGS, len(kept)))
         screened = []
-        for config in [default] + [c for c in picks if c != default]:
+        for config in [default] + known + [c for c in picks if c != default and c not in known]:
             try:
                 f = checker.facts(config)
                 t = bench.time_config(family, shape, config, input_sets=sets, device=DEVICE,
