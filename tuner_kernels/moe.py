@@ -279,9 +279,13 @@ def moe_gemv_down_kernel(act_ptr, w2_ptr, out_ptr, ids_ptr, weights_ptr, N, K, s
                          TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          EVEN_K: tl.constexpr, STAGES: tl.constexpr, STATIC_K: tl.constexpr = 0):
     """The GEMV path's down projection and the sum over the topk experts in one launch:
-    out[t, rows] = sum over j < TOPK of weights[p] · W2[e] · act[p], p = t * TOPK + j, e = ids[p],
-    in that fixed order (fp32, rounded once: no atomics, no reduce kernel). grid = (m,
-    cdiv(N, BLOCK_N)), tokens of one row slice together."""
+    out[t, rows] = sum over j < TOPK of weights[p] · W2[e] · act[p], p = t * TOPK + j, e = ids[p]
+    (fp32, rounded once: no atomics, no reduce kernel). grid = (m, cdiv(N, BLOCK_N)), tokens of
+    one row slice together. The K chunks are the outer loop and the experts the inner, unrolled
+    one: the TOPK experts' W tiles of a chunk are independent loads, in flight together (a loop
+    over experts outside would wait for each expert's loads in turn). One [BLOCK_N, BLOCK_K]
+    accumulator sums, chunk by chunk, expert j's W tile times act[p] · weights[p], in j order:
+    a fixed order, the same bytes every run."""
     token = tl.program_id(0)
     pid_n = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -289,30 +293,28 @@ def moe_gemv_down_kernel(act_ptr, w2_ptr, out_ptr, ids_ptr, weights_ptr, N, K, s
     offs = tl.arange(0, BLOCK_K)
     zero_rows = tl.zeros([BLOCK_N], dtype=tl.int32)
     k_loop = K if STATIC_K == 0 else STATIC_K
-    total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for j in tl.static_range(TOPK):
-        pair = (token * TOPK + j).to(tl.int64)
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
-        scale = tl.load(weights_ptr + pair).to(tl.float32)
-        w_rows = w2_ptr + expert * stride_we + rows_safe.to(tl.int64)[:, None] * stride_wn
-        a_row = act_ptr + pair * stride_am
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in tl.range(0, k_loop, BLOCK_K, num_stages=STAGES):
-            offs_k = k0 + offs
-            offs_2d = zero_rows[:, None] + offs_k[None, :]
-            if EVEN_K:
-                k_mask = None
-                k_other = None
-            else:
-                k_mask = offs_2d < K
-                k_other = 0.0
-            a = tl.load(a_row + offs_2d, mask=k_mask, other=k_other).to(tl.float32)
-            w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=k_mask, other=k_other,
+    first = token.to(tl.int64) * TOPK
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in tl.range(0, k_loop, BLOCK_K, num_stages=STAGES):
+        offs_k = k0 + offs
+        offs_2d = zero_rows[:, None] + offs_k[None, :]
+        if EVEN_K:
+            k_mask = None
+            k_other = None
+        else:
+            k_mask = offs_2d < K
+            k_other = 0.0
+        for j in tl.static_range(TOPK):
+            expert = tl.load(ids_ptr + first + j).to(tl.int64)
+            scale = tl.load(weights_ptr + first + j).to(tl.float32)
+            w = tl.load(w2_ptr + expert * stride_we + rows_safe.to(tl.int64)[:, None] * stride_wn
+                        + offs_k[None, :] * stride_wk, mask=k_mask, other=k_other,
                         eviction_policy="evict_first").to(tl.float32)
-            acc += w * a
-        total += tl.sum(acc, axis=1) * scale
-    tl.store(out_ptr + token.to(tl.int64) * stride_om + rows, total.to(out_ptr.dtype.element_ty),
-             mask=rows < N)
+            a = tl.load(act_ptr + (first + j) * stride_am + offs_2d, mask=k_mask,
+                        other=k_other).to(tl.float32)
+            acc += w * (a * scale)
+    tl.store(out_ptr + token.to(tl.int64) * stride_om + rows,
+             tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=rows < N)
 
 
 # ----------------------------------------------------------------------------------------------
