@@ -8,20 +8,24 @@
 # SAVED="MODEL:BATCH:EXPORT_DIR ...": tuner ab of a saved export against every baseline in
 #   BASELINES (default max-autotune).
 # TUNE="MODEL:BATCH ...": the user's day against the first of BASELINES: trace the decode step as
-#   that baseline runs it, harvest (--kv-heads, and --topk for a MoE, from the config), search the linears (gemv at
+#   TRACE_BASELINE runs it (default that first baseline; eager traces the same shapes without
+#   max-autotune's minutes of compile), harvest (--kv-heads, and --topk for a MoE, from the config), search the linears (gemv at
 #   batch <= 8, gemm above; SEARCH_S seconds, default 45) and the grouped decode attention
 #   (ATTN_S, default 30; 0 skips it) and, for a MoE config, the moe family (MOE_S, default 60),
-#   tuner rank --baseline (the kernel max-autotune picks for each
-#   shape; for attention the fastest SDPA on the grouped cache), export, then tuner ab against
+#   tuner rank --baseline RANK_BASELINE (default the first of BASELINES; max-autotune: the kernel
+#   max-autotune picks for each shape; for attention the fastest SDPA on the grouped cache) with
+#   RANK_FLAGS, export, then tuner ab against
 #   every baseline in BASELINES with that export: measured against projected per baseline.
+# MIN_SAVING: the search's and rank's --min-saving (default theirs, 0.5% of the traced step; a
+#   time per token such as 10us holds against a compiled step shorter than the eager one traced).
 # LAYERS: keep the first LAYERS decoder layers of every config (written under the work folder;
 #   a 48-layer MoE config and its fp32 reference do not fit one H200 together).
 # GPU_TESTS: pytest targets run first (marker gpu). AB_STEPS / AB_GROUPS / AB_REPLAYS: tuner ab's (8 / 10
 # / 8). AB_FLAGS: more tuner ab flags for every A/B (e.g. --fold-norms). AB_S: the timeout of one tuner ab (default 300 s; never past LIMIT_S, default 585, after
 # the start). DEADLINE_S: no new A/B starts after this many seconds (default 500). DEVICE_JSON: a
-# saved device profile (default the H200's).
+# saved device profile (default the measured one of the card found, H200 or H100).
 # Writes $OUT/ab_baselines.log and $OUT/ab_baselines.tar.gz (every ab.json / ab.md, verdicts,
-# exports, search and rank logs; no traces).
+# exports, search and rank logs, the studies; no traces).
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
 set -u
 cd "$(dirname "$0")/../.."
@@ -31,6 +35,8 @@ W=$(mktemp -d /tmp/ab_baselines.XXXXXX); mkdir -p "$W/keep"
 source scripts/gpu/setup.sh
 BASELINES=${BASELINES:-max-autotune}
 FIRST=${BASELINES%%,*}
+TRACE_BASELINE=${TRACE_BASELINE:-$FIRST}; RANK_BASELINE=${RANK_BASELINE:-$FIRST}
+MIN=""; [ -n "${MIN_SAVING:-}" ] && MIN="--min-saving $MIN_SAVING"
 AB_STEPS=${AB_STEPS:-8}; AB_GROUPS=${AB_GROUPS:-10}; AB_REPLAYS=${AB_REPLAYS:-8}
 AB_S=${AB_S:-300}; DEADLINE_S=${DEADLINE_S:-500}; LIMIT_S=${LIMIT_S:-585}
 SEARCH_S=${SEARCH_S:-45}; ATTN_S=${ATTN_S:-30}; MOE_S=${MOE_S:-60}
@@ -46,7 +52,7 @@ keep() {  # everything small of a folder into the tarball's tree, then the tarba
   mkdir -p "$W/keep/$2"
   (cd "$1" && find . -type f \( -name 'ab.json' -o -name 'ab.md' -o -name '*.log' -o -name '*.md' \
      -o -name '*.parquet' -o -name 'gemv.json' -o -name 'gemm.json' -o -name 'attention.json' -o -name 'moe.json' \
-     -o -name 'manifest.json' -o -name 'measurement.json' \) -not -path '*/traces/*' \
+     -o -name 'manifest.json' -o -name 'measurement.json' -o -name 'studies.db' \) -not -path '*/traces/*' \
      -not -path './keep/*' -exec cp --parents {} "$W/keep/$2/" \;)
   tar -czf "$OUT/ab_baselines.tar.gz" -C "$W/keep" .
 }
@@ -76,9 +82,9 @@ for item in ${TUNE:-}; do
   cfg=$(config "$model"); D="$W/tune-$model-b$batch"; mkdir -p "$D"
   family=gemv; [ "$batch" -gt 8 ] && family=gemm
   kv=$(python3 -c "import json; c = json.load(open('$cfg')); print(c.get('num_key_value_heads') or c['num_attention_heads'])")
-  stamp "$model b$batch: trace the $FIRST step"
+  stamp "$model b$batch: trace the $TRACE_BASELINE step"
   timeout 300 python3 -m tuner.cli ab --hf-config "$cfg" --batch "$batch" --trace-only \
-    --baseline "$FIRST" -o "$D/trace" > "$D/trace.log" 2>&1; echo "trace rc=$?" | tee -a "$LOG"
+    --baseline "$TRACE_BASELINE" -o "$D/trace" > "$D/trace.log" 2>&1; echo "trace rc=$?" | tee -a "$LOG"
   rep=$(ls "$D"/trace/*/traces/baseline_replay.pt.trace.json 2>/dev/null | head -n 1)
   cap=$(ls "$D"/trace/*/traces/baseline_capture.pt.trace.json 2>/dev/null | head -n 1)
   stamp "$model b$batch: harvest"
@@ -91,19 +97,19 @@ for item in ${TUNE:-}; do
     [ "$secs" -gt 0 ] || continue
     stamp "$model b$batch: search $fam ${secs}s"
     timeout $((secs + 120)) python3 -m tuner.cli search "$D/shapes.parquet" --family "$fam" \
-      --graph-captured --timeout "${secs}s" --storage "$D/studies.db" --no-progress \
+      --graph-captured --timeout "${secs}s" --storage "$D/studies.db" --no-progress $MIN \
       --device "$DEV" > "$D/search_$fam.log" 2>&1
     echo "search rc=$?" | tee -a "$LOG"; tail -n 6 "$D/search_$fam.log" | tee -a "$LOG"
   done
-  stamp "$model b$batch: rank --baseline $FIRST"
-  timeout 300 python3 -m tuner.cli rank --storage "$D/studies.db" --top 2 --baseline "$FIRST" \
-    -o "$D/verdicts" > "$D/rank.log" 2>&1
+  stamp "$model b$batch: rank --baseline $RANK_BASELINE ${RANK_FLAGS:-}"
+  timeout 300 python3 -m tuner.cli rank --storage "$D/studies.db" --top 2 --baseline "$RANK_BASELINE" \
+    $MIN ${RANK_FLAGS:-} -o "$D/verdicts" > "$D/rank.log" 2>&1
   echo "rank rc=$?" | tee -a "$LOG"; grep -v "re-measuring" "$D/rank.log" | tail -n 16 | tee -a "$LOG"
   timeout 60 python3 -m tuner.cli export "$D"/verdicts/*.parquet -o "$D/export" 2>&1 | tail -n 6 | tee -a "$LOG"
   keep "$D" "tune-$model-b$batch"
   late && { stamp "skip ab $model b$batch (deadline)"; continue; }
   stamp "$model b$batch: ab against $BASELINES with this export"
-  ab "$model" "$batch" "$D/export/nvidia-h200" "$D/ab" "$BASELINES"
+  ab "$model" "$batch" "$(ls -d "$D"/export/*/ | head -n 1)" "$D/ab" "$BASELINES"
   keep "$D" "tune-$model-b$batch"
 done
 stamp "done"

@@ -1,6 +1,7 @@
 # Sourced by the GPU scripts (ab_attention.sh) after they set LOG (and cd to the repository root): the
 # carried optuna and ijson wheels into /tmp/site, the environment, a `stamp` for timed log lines, and the
-# saved device profile (DEVICE_JSON) as artifacts/devices/nvidia-h200.json ($DEV).
+# saved device profile ($DEV: DEVICE_JSON, default the measured profile of the card found: H200 or H100),
+# copied under artifacts/devices/.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed" | tee -a "$LOG"
 export PYTHONPATH="$PWD:/tmp/site" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
@@ -9,5 +10,10 @@ python3 -c "import optuna, ijson" 2>/dev/null || echo "missing wheels (optuna, i
 T0=$(date +%s)
 stamp() { echo "== $1  (+$(( $(date +%s) - T0 ))s)" | tee -a "$LOG"; }
 mkdir -p artifacts/devices
-cp "${DEVICE_JSON:-benchmarks/logs/2026-12-01/nvidia-h200.device.json}" artifacts/devices/nvidia-h200.json
-DEV=artifacts/devices/nvidia-h200.json
+if [ -z "${DEVICE_JSON:-}" ]; then
+  DEVICE_JSON=benchmarks/logs/2026-12-01/nvidia-h200.device.json
+  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q "H100" \
+    && DEVICE_JSON=benchmarks/logs/2026-12-06/moe_gemv/nvidia-h100-80gb-hbm3.json
+fi
+DEV=artifacts/devices/$(basename "$DEVICE_JSON")
+cp "$DEVICE_JSON" "$DEV"
