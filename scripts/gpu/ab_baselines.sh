@@ -101,7 +101,7 @@ for item in ${TUNE:-}; do
       --device "$DEV" > "$D/search_$fam.log" 2>&1
     echo "search rc=$?" | tee -a "$LOG"; tail -n 6 "$D/search_$fam.log" | tee -a "$LOG"
   done
-  stamp "$model b$batch: rank --baseline $RANK_BASELINE ${RANK_FLAGS:-}"
+  stamp "$model b$batch: rank --baseline $RANK_BASELINE $MIN ${RANK_FLAGS:-}"
   timeout 300 python3 -m tuner.cli rank --storage "$D/studies.db" --top 2 --baseline "$RANK_BASELINE" \
     $MIN ${RANK_FLAGS:-} -o "$D/verdicts" > "$D/rank.log" 2>&1
   echo "rank rc=$?" | tee -a "$LOG"; grep -v "re-measuring" "$D/rank.log" | tail -n 16 | tee -a "$LOG"
