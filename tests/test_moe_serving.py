@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuner_kernels import moe as family
+from tuner_kernels import get_family, moe as family
 from tuner import runtime, serving
 
 from test_serving import IDENTITY, device, rel_err, write_export  # noqa: F401 (device: a fixture)
@@ -289,3 +289,37 @@ def test_the_routed_block_replays_in_a_cuda_graph_as_it_runs_eagerly(device):
             assert torch.equal(out, block(static)), f"seed {seed}: the replay differs from eager"
         hits = handle.hits()["moe"]
     assert sum(hits.values()) >= 5  # warmup, the warm call, the capture, the eager calls
+
+
+@torch.no_grad()
+def test_the_router_linear_of_a_moe_block_runs_the_exported_gemv(device):
+    """Qwen3-MoE's router is a module of its own that calls F.linear on its weight, not an
+    nn.Linear: installed, that call takes the gemv entry of its (m, experts, hidden) shape, the
+    router's top-k choice stays transformers' own computation, and compiled the call is the op
+    (fullgraph: the mode traces); uninstalled, the router's forward is the class's again."""
+    block, x = block_and_input(m=2)
+    router = block.gate
+    expected = router(x.view(-1, SHAPE["hidden"]))
+    shape = {"m": 2, "n": SHAPE["experts"], "k": SHAPE["hidden"], "dtype": "bfloat16"}
+    write_export(device, [("gemv", shape)])
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with serving.installed(block, export_dir=device / "nvidia-h200", families=("gemv",)) as handle:
+        assert handle.routers == [router] and handle.linears == []
+        logits, scores, ids = router(x.view(-1, SHAPE["hidden"]))
+        hits = handle.hits()["gemv"]
+        torch._dynamo.reset()
+        compiled = torch.compile(router, fullgraph=True, backend=backend)(
+            x.view(-1, SHAPE["hidden"]))
+    torch._dynamo.reset()
+    assert hits == {get_family("gemv").shape_key(shape): 1}
+    assert rel_err(logits, expected[0]) < 8e-3
+    assert torch.equal(ids, expected[2]) and torch.equal(compiled[2], ids)
+    ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert sum("tuner.linear" in op for op in ops) == 1
+    assert "forward" not in router.__dict__ and "_tuner_linear" not in router.__dict__
+    assert all(torch.equal(a, b) for a, b in zip(router(x.view(-1, SHAPE["hidden"])), expected))

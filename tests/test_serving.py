@@ -622,7 +622,7 @@ def test_a_folded_norm_computes_what_the_layer_computes(device, model_type):
         assert len(handle.norms) == len(model.model.layers) + dense_mlps
         folded = model(token).logits
         hits = sum(handle.hits()["gemv"].values())
-    assert hits == sum(1 for m in handle.linears if m is not model.lm_head) + 1
+    assert hits == sum(1 for m in handle.linears + handle.routers if m is not model.lm_head) + 1
     assert rel_err(folded, expected) < 2e-2 and rel_err(folded, unfolded) < 2e-2
     assert not torch.equal(folded, unfolded)  # the norm is the kernel's, rounded once
     assert all(not ({"forward", "_tuner_linear", "_tuner_norm"} & set(m.__dict__))

@@ -19,8 +19,8 @@ import sys
 import torch
 
 __all__ = ["FOLD_LAYERS", "HF_PLAIN_KWARGS", "decode_mask", "gemv_shape", "hf_attention_interface",
-           "hf_structure", "linear_lookup_parts", "linear_structure", "moe_layout", "norm_folds",
-           "plain_kwargs", "rms_norm_eps"]
+           "hf_structure", "linear_lookup_parts", "linear_structure", "moe_layout", "moe_routers",
+           "norm_folds", "plain_kwargs", "rms_norm_eps"]
 
 
 def moe_layout(module) -> tuple[int, int, int] | None:
@@ -46,6 +46,26 @@ def moe_layout(module) -> tuple[int, int, int] | None:
     if two_inter % 2 or tuple(w2.shape) != (experts, hidden, two_inter // 2):
         return None
     return experts, hidden, two_inter // 2
+
+
+def moe_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The routers of `model`'s MoE blocks that are modules of their own, not an nn.Linear: a
+    block's `gate` beside experts `moe_layout` reads, holding a [experts, hidden] `weight` and no
+    bias, whose forward computes its logits as ``F.linear(hidden_states, self.weight)``
+    (transformers 5's Qwen3-MoE / Qwen2-MoE / Mixtral top-k routers)."""
+    found = []
+    for block in model.modules():
+        gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
+        if not (isinstance(gate, torch.nn.Module) and isinstance(experts, torch.nn.Module)
+                and not isinstance(gate, torch.nn.Linear)):
+            continue
+        layout = moe_layout(experts)
+        weight = getattr(gate, "weight", None)
+        if (layout is not None and isinstance(weight, torch.nn.Parameter)
+                and tuple(weight.shape) == (layout[0], layout[1])
+                and not isinstance(getattr(gate, "bias", None), torch.Tensor)):
+            found.append(gate)
+    return found
 
 
 # decoder layers whose forward feeds input_layernorm's output only to self_attn's q/k/v
@@ -145,11 +165,13 @@ def gemv_shape(m: int, n: int, k: int, dtype, bias) -> dict:
     return shape
 
 
-def linear_structure(module: torch.nn.Linear) -> tuple:
-    """An nn.Linear's (n, k, dtype, bias) as plain values: constants under torch.compile."""
-    return (("n", module.out_features), ("k", module.in_features),
-            ("dtype", str(module.weight.dtype).removeprefix("torch.")),
-            ("bias", None if module.bias is None else 1))  # gemv's key: bias=1 or none
+def linear_structure(module: torch.nn.Module) -> tuple:
+    """An nn.Linear's (n, k, dtype, bias) as plain values: constants under torch.compile; of a
+    router (`moe_routers`), its weight's, without bias."""
+    bias = getattr(module, "bias", None)
+    n, k = (int(d) for d in module.weight.shape)
+    return (("n", n), ("k", k), ("dtype", str(module.weight.dtype).removeprefix("torch.")),
+            ("bias", None if bias is None else 1))  # gemv's key: bias=1 or none
 
 
 def linear_lookup_parts(structure: tuple) -> tuple[dict, dict]:

@@ -34,7 +34,9 @@ fold_norms, a decoder layer's RMSNorm whose projections the export serves with n
 configs passes its input through and those projections call ``tuner.norm_linear``
 (tuner.layouts.norm_folds); with "moe", the experts module of every MoE block whose stored
 weights the kernel reads as they are (tuner.layouts.moe_layout) calls ``tuner.moe`` with its own
-parameters (no copy; the router stays transformers'). With
+parameters (no copy). A block's router that is a module of its own, not an nn.Linear
+(tuner.layouts.moe_routers), runs its own forward with its ``F.linear`` on its weight routed as an
+nn.Linear's (`_RouterLinear`, with "gemv" or "gemm"). With
 "attention" it routes ``torch.nn.functional.scaled_dot_product_attention`` (looked up by name at
 each call) and, in a process that has imported transformers, transformers' "sdpa" attention
 function: a decode call (one query token, no dropout, not causal, no mask or one of that query
@@ -59,7 +61,8 @@ import torch.nn.functional as F
 
 from . import runtime
 from .layouts import (FOLD_LAYERS, decode_mask, gemv_shape, hf_attention_interface, hf_structure,
-                      linear_lookup_parts, linear_structure, moe_layout, norm_folds, plain_kwargs,
+                      linear_lookup_parts, linear_structure, moe_layout, moe_routers, norm_folds,
+                      plain_kwargs,
                       rms_norm_eps)
 
 __all__ = ["FOLD_LAYERS", "Installed", "decode_attention", "install", "installed", "linear", "moe",
@@ -325,10 +328,41 @@ def _(x, w1, w2, topk_ids, topk_weights, block=-1):
 
 
 def _linear_forward(self, x):
-    if torch.compiler.is_compiling() and not _linear_routed(self.__dict__["_tuner_linear"],
+    return _routed_linear(self, x, self.weight, self.bias)
+
+
+def _routed_linear(module, x, weight, bias):
+    """`F.linear(x, weight, bias)` of an installed linear (or router): through tuner.linear,
+    or, compiled and without an entry of the module's structure, torch's own in the graph."""
+    if torch.compiler.is_compiling() and not _linear_routed(module.__dict__["_tuner_linear"],
                                                             x.device.type, _route_key):
-        return F.linear(x, self.weight, self.bias)  # stays in the graph: the compiler's to fuse
-    return torch.ops.tuner.linear(x, self.weight, self.bias)
+        return F.linear(x, weight, bias)  # stays in the graph: the compiler's to fuse
+    return torch.ops.tuner.linear(x, weight, bias)
+
+
+class _RouterLinear(torch.overrides.TorchFunctionMode):
+    """Active while an installed router's own forward runs: its ``F.linear`` on its own weight
+    (transformers' top-k routers compute their logits so, not through an nn.Linear) is routed
+    as an installed nn.Linear's; every other call runs as it is. Dynamo traces the mode."""
+
+    def __init__(self, router):
+        super().__init__()
+        self.router = router
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is F.linear and len(args) == 2 and not kwargs
+                and args[1] is self.router.weight):
+            return _routed_linear(self.router, args[0], args[1], None)
+        return func(*args, **kwargs)
+
+
+_MODES_TRACE = torch.torch_version.TorchVersion(torch.__version__) >= (2, 6)
+
+
+def _router_forward(self, *args, **kwargs):
+    with _RouterLinear(self):
+        return type(self).forward(self, *args, **kwargs)
 
 
 @torch.compiler.assume_constant_result
@@ -535,6 +569,7 @@ class Installed:
     export_dir: Path | None
     linears: list[torch.nn.Module] = field(default_factory=list)
     experts: list[torch.nn.Module] = field(default_factory=list)  # MoE experts modules routed
+    routers: list[torch.nn.Module] = field(default_factory=list)  # MoE routers' F.linear routed
     norms: list[torch.nn.Module] = field(default_factory=list)  # RMSNorms folded (fold_norms)
     sdpa: bool = False
     hf_sdpa: object = None  # transformers' AttentionInterface whose "sdpa" entry is ours
@@ -563,9 +598,9 @@ class Installed:
         with torch.no_grad():
             if step is not None:
                 step()
-            for module in self.linears:
+            for module in self.linears + self.routers:
                 for m in rows:
-                    x = torch.randn(m, module.in_features, device=module.weight.device,
+                    x = torch.randn(m, module.weight.shape[1], device=module.weight.device,
                                     dtype=module.weight.dtype)
                     module(x)
         if torch.cuda.is_available():
@@ -575,7 +610,7 @@ class Installed:
         """Restore the model exactly (and SDPA, and the export directory)."""
         if not self.active:
             return
-        for module in self.linears:
+        for module in self.linears + self.routers:
             for name in ("forward", "_tuner_linear", "_tuner_norm"):
                 module.__dict__.pop(name, None)
         for module in self.norms:
@@ -636,6 +671,13 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
                 module.__dict__["_tuner_linear"] = linear_structure(module)  # `_linear_routed`
                 module.forward = types.MethodType(_linear_forward, module)
                 handle.linears.append(module)
+        # Dynamo traces a torch function mode's enter and exit from torch 2.6 on: before, the
+        # mode would break a fullgraph compile, so routers stay transformers' own there
+        for router in moe_routers(model) if _MODES_TRACE else ():
+            if "forward" not in router.__dict__:
+                router.__dict__["_tuner_linear"] = linear_structure(router)  # `_linear_routed`
+                router.forward = types.MethodType(_router_forward, router)
+                handle.routers.append(router)
     if fold_norms and "gemv" in families:
         routed = {id(lin) for lin in handle.linears}
         for norm, projections in norm_folds(model):
