@@ -617,3 +617,24 @@ def test_fuzzed_study_and_trial_attributes_are_one_line(tmp_path, capsys):
         assert "internal error" not in err, (where, key, value, err)
         named += f"user attribute {key} is" in err
     assert named >= 10
+
+
+def test_a_share_bar_against_a_compiled_baseline_of_eager_studies_warns_once(storage, capsys):
+    """The studies' step is the traced eager step's: against max-autotune a share-of-the-step bar
+    is of that longer step, which rank says once (a time bar, or the eager baseline, says
+    nothing)."""
+    big, small = "m=4,n=4864,k=896,dtype=bfloat16", "m=4,n=896,k=4864,dtype=bfloat16"
+    records = {(key, rows): (lambda c: measured(c, base=4.80, cand_us=4.00, low=1.17, high=1.23))
+               for key in (big, small) for rows in (8, 4, 2)}
+    measure, _ = recorded_measure(records)
+    ident = {"device_name": "NVIDIA H200", "arch": "sm90", "backend": "cuda", "torch": "2.11.0",
+             "triton": "3.6.0", "kernel_hash": "0123456789abcdef", "fp_fusion": True}
+    options = dict(family="gemv", device="nvidia-h200", measure=measure,
+                   identity=lambda family: ident, progress=False)
+    rank.rank(storage, baseline="max-autotune", **options)
+    err = capsys.readouterr().err
+    assert err.count("studies are of an eager trace") == 1
+    assert "not of the shorter max-autotune step" in err and "--min-saving 20us" in err
+    rank.rank(storage, baseline="max-autotune", threshold="10us", **options)
+    rank.rank(storage, baseline="eager", **options)
+    assert "eager trace" not in capsys.readouterr().err
