@@ -257,6 +257,13 @@ def test_the_tuned_steps_tuner_moe_calls_harvest_as_moe_rows(tmp_path, monkeypat
     assert moe.calls == 2 and moe.calls_per_step == 2    # one call per layer
     base = harvest.harvest([traces["baseline"]], quiet=True).table
     assert "moe" not in set(base.family)
+    # read with the config's top-k (as tuner ab reads its arms), the grouped-mm pair is a moe
+    # row of the same attribution key as the routed step's tuner::moe row: the A/B pairs them
+    from tuner.shapetable import attribution_key
+
+    with_topk = harvest.harvest([traces["baseline"]], quiet=True, topk=2).table
+    grouped_row = row(with_topk, family="moe")
+    assert attribution_key(grouped_row.to_dict()) == attribution_key(moe.to_dict())
     events = json.loads(traces["baseline"].read_text())["traceEvents"]
     grouped = [e for e in events if e.get("name") == "aten::_grouped_mm"]
     assert len(grouped) == 4    # up and down per layer: [m * topk, .] x [E, ., .], offsets [E]

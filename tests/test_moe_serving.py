@@ -323,3 +323,26 @@ def test_the_router_linear_of_a_moe_block_runs_the_exported_gemv(device):
     assert sum("tuner.linear" in op for op in ops) == 1
     assert "forward" not in router.__dict__ and "_tuner_linear" not in router.__dict__
     assert all(torch.equal(a, b) for a, b in zip(router(x.view(-1, SHAPE["hidden"])), expected))
+
+
+def test_ab_harvests_the_arms_of_a_moe_config_with_its_topk(monkeypatch):
+    """tuner ab reads each arm's traces as `tuner harvest --topk` does for a MoE config (its
+    num_experts_per_tok), so transformers' grouped-mm experts in the baseline arm give moe rows
+    that pair with the tuned arm's tuner::moe rows; without a topk (a dense config's moe_topk
+    is None) it passes none."""
+    from tuner import ab, harvest
+
+    from tuner.errors import TunerError
+
+    seen = []
+
+    def stop(paths, capture=None, quiet=False, topk=None):
+        seen.append(topk)
+        raise TunerError("no capture")
+
+    monkeypatch.setattr(harvest, "harvest", stop)
+    traces = {"baseline": {"replay": "r.json", "capture": "c.json"}}
+    tables, note = ab._harvest(traces, ab.moe_topk(("hf", str(TINY_MOE))))
+    assert seen == [2] and tables == {} and note.startswith("attribution unavailable")
+    ab._harvest(traces)
+    assert seen == [2, None]

@@ -94,8 +94,8 @@ def moe_attribution_note(serving: dict, tables: dict) -> str:
         return ""
     return (f"MoE: {calls} calls ran tuner.moe in the tuned arm; they are not attributed per "
             f"shape (the baseline and tuned arms' harvested tables have no moe rows of one "
-            f"shape; transformers' grouped-mm experts give none): their saving is in the step "
-            f"time and the residual only")
+            f"shape; a compiled step's grouped-mm templates carry no op the harvest reads): "
+            f"their saving is in the step time and the residual only")
 
 
 def _step_words(settings: ABSettings) -> str:
@@ -161,14 +161,17 @@ def _kernel_totals(traces: dict) -> dict:
     return out
 
 
-def _harvest(traces: dict) -> tuple[dict, str]:
-    """Each arm's graph replay joined with its capture: arm -> ShapeTable rows (dicts)."""
+def _harvest(traces: dict, topk: int | None = None) -> tuple[dict, str]:
+    """Each arm's graph replay joined with its capture: arm -> ShapeTable rows (dicts). `topk`
+    (a MoE model's num_experts_per_tok): transformers' grouped-mm experts read as moe rows
+    (tuner harvest --topk), which pair with the tuned arm's tuner::moe rows."""
     from .. import harvest
 
     tables = {}
     for arm, paths in traces.items():
         try:
-            result = harvest.harvest([paths["replay"]], capture=[paths["capture"]], quiet=True)
+            result = harvest.harvest([paths["replay"]], capture=[paths["capture"]], quiet=True,
+                                     topk=topk)
         except TunerError as exc:
             return {}, f"attribution unavailable ({arm} arm): {exc}"
         except Exception as exc:  # noqa: BLE001 - the timed verdict must not be lost with it
@@ -186,8 +189,9 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
     step in this A/B's own baseline step. `tuned_rows` (the tuned step's harvested rows) say
     which KV head count the tuned step ran a decode attention call with: transformers' baseline
     call is recorded after repeat_kv (kv_heads = heads), the served one on the model's cache.
-    MoE calls are projected from the baseline step's moe rows, or, where it has none
-    (transformers' grouped-mm experts give none: docs/harvest.md), from the tuned step's: its
+    MoE calls are projected from the baseline step's moe rows (transformers' grouped-mm experts
+    read with the config's top-k), or, where it has none (a compiled step's grouped-mm templates:
+    docs/harvest.md), from the tuned step's: its
     tuner::moe calls are the same calls of the same step, at the shape serving resolved."""
     import os
 
@@ -426,7 +430,7 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
     floors, floor_label = {}, ""
     kernels: dict = {}
     if child.ok and child.data.get("traces"):
-        tables, note = _harvest(child.data["traces"])
+        tables, note = _harvest(child.data["traces"], moe_topk(spec))
         kernels = _kernel_totals(child.data["traces"])
         if note:
             warn(note)

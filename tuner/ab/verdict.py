@@ -225,7 +225,7 @@ def _outputs(verdict: ABVerdict, data: dict, margin: float) -> None:
 def paired_moe_keys(tables: dict) -> set:
     """The attribution keys of the MoE calls both the baseline and the tuned arm's harvested
     tables have rows of. A MoE call is attributed only so: the tuned arm's tuner::moe call has
-    a row, transformers' grouped-mm experts in the baseline arm have none (docs/harvest.md), and
+    a row, a compiled baseline's grouped-mm templates have none (docs/harvest.md), and
     a row in one arm only would move its time from 'other kernels' into the attributed shapes
     of that arm alone."""
     keys = [{attribution_key(r) for r in tables.get(arm) or () if r.get("family") == "moe"}
