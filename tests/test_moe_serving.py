@@ -60,9 +60,15 @@ def test_the_tiny_config_builds_qwen3_moe_blocks_the_route_reads_as_stored():
                    "shared_expert_intermediate_size": 64, "intermediate_size": 64}, (8, 64, 32)),
     # transposed, interleaved gate / up columns, biases, a clamped SwiGLU: not the kernel's
     ("gpt_oss", {"num_local_experts": 8, "intermediate_size": 32}, None),
+    # stored as the kernel reads them, but its SwiGLU clamps gate and up (swiglu_limit)
+    ("deepseek_v4", {"num_local_experts": 8, "intermediate_size": 32}, None),
 ])
 def test_which_transformers_experts_the_route_takes(model_type, experts, layout):
     import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers has no {model_type}")
 
     config = transformers.AutoConfig.for_model(
         model_type, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,

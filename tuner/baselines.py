@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from .errors import TunerError, one_line
 
-__all__ = ["BASELINES", "COMPILE_MODES", "SDPAForm", "check_baseline", "compile_step",
+__all__ = ["BASELINES", "COMPILE_MODES", "SDPAForm", "check_baseline", "compile_step", "eager_share_note",
            "fastest_sdpa_form", "grouped_sdpa", "grouped_sdpa_op",
            "parse_baselines", "sdpa_forms", "strongest_available"]
 
@@ -236,3 +236,21 @@ def fastest_sdpa_form(shape: dict, *, masked: bool = True, device=None, groups: 
         raise TunerError("no SDPA form runs this grouped decode call: "
                          + "; ".join(f"{r['form']}: {r.get('skipped')}" for r in records))
     return best[0], records
+
+
+def eager_share_note(step: str, threshold, eager_step_us: list[float], studies: int) -> str:
+    """A warning line where a share-of-the-step bar (`threshold`, tuner.units.Threshold) meets
+    a compiled `step` baseline and studies of an eager trace (their step times `eager_step_us`,
+    of `studies` in all): their step is the eager one, longer than the compiled step the
+    candidates are measured against, so the bar is a larger share of the step that counts.
+    '' otherwise."""
+    from .units import pct
+
+    eager = [us for us in eager_step_us if us > 0]
+    if step == "eager" or threshold.share is None or not eager:
+        return ""
+    return (f"{len(eager)} of {studies} studies are of an eager trace (step {max(eager):.0f} "
+            f"us): the bar {threshold.target()} is of that step, not of the shorter {step} step "
+            f"the candidates must beat; trace the {step} step, or give the bar as a time per "
+            f"token (--min-saving {threshold.share * 4000:g}us is {pct(threshold.share)} of a "
+            f"4 ms step)")

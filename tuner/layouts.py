@@ -2,6 +2,8 @@
 computes, read without running it (stateless; serving decides what to route from these).
 
 - `moe_layout`: a fused experts module whose stored weights the moe kernel reads as they are;
+  `moe_call_shape`: the moe family's shape of one call; `moe_routers`: MoE routers that are
+  modules of their own, and `LinearOnWeight`, the torch function mode that reaches their GEMM;
 - `norm_folds`: a decoder layer's RMSNorms and the projections that alone read their output (the
   norms `tuner.serving.install` folds into tuner.norm_linear);
 - `linear_structure`, `linear_lookup_parts`, `gemv_shape`: an nn.Linear's structure and the parts
@@ -14,13 +16,18 @@ computes, read without running it (stateless; serving decides what to route from
 
 from __future__ import annotations
 
+import inspect
+import re
 import sys
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["FOLD_LAYERS", "HF_PLAIN_KWARGS", "decode_mask", "gemv_shape", "hf_attention_interface",
-           "hf_structure", "linear_lookup_parts", "linear_structure", "moe_layout", "moe_routers",
-           "norm_folds", "plain_kwargs", "rms_norm_eps"]
+__all__ = ["FOLD_LAYERS", "HF_PLAIN_KWARGS", "MODES_TRACE", "LinearOnWeight", "decode_mask",
+           "decode_call_dims", "gemv_shape", "hf_attention_interface", "hf_structure",
+           "linear_lookup_parts", "linear_structure", "moe_call_args", "moe_call_shape",
+           "moe_layout", "moe_routers", "no_autograd", "norm_folds", "plain_kwargs",
+           "rms_norm_eps"]
 
 
 def moe_layout(module) -> tuple[int, int, int] | None:
@@ -36,6 +43,8 @@ def moe_layout(module) -> tuple[int, int, int] | None:
             or getattr(module, "has_bias", False) or not getattr(module, "has_gate", True)
             or getattr(module, "has_post_expert_norm", False)
             or getattr(module, "_is_expert_parallel", False)
+            # a clamped SwiGLU (DeepSeek-V4's `limit`, config.swiglu_limit): not the kernel's
+            or getattr(module, "limit", None) is not None
             or any(isinstance(getattr(module, name, None), torch.Tensor)
                    for name in ("gate_up_proj_bias", "down_proj_bias"))):
         return None
@@ -48,11 +57,42 @@ def moe_layout(module) -> tuple[int, int, int] | None:
     return experts, hidden, two_inter // 2
 
 
+def moe_call_args(module, x, ids, weights, hidden: int) -> bool:
+    """Whether an experts call's arguments are what the moe kernel reads: x [m, hidden] in the
+    experts' dtype, integer topk_ids [m, topk] and floating topk_weights of its shape."""
+    return (isinstance(x, torch.Tensor) and isinstance(ids, torch.Tensor)
+            and isinstance(weights, torch.Tensor) and x.dim() == 2 and ids.dim() == 2
+            and weights.shape == ids.shape and ids.shape[0] == x.shape[0]
+            and x.shape[1] == hidden and not ids.dtype.is_floating_point
+            and weights.dtype.is_floating_point and x.dtype == module.gate_up_proj.dtype)
+
+
+def no_autograd(*tensors) -> bool:
+    """No autograd through the call: the custom ops have no backward."""
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+def decode_call_dims(query, key, value) -> bool:
+    """Whether an attention call's dimensions are a decode call's: query [b, heads, 1, d], key
+    and value [b, kv_heads, kv_len, d] alike."""
+    return (query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
+            and value.shape == key.shape and key.shape[3] == query.shape[3])
+
+
+def moe_call_shape(x, w1, topk_ids) -> dict:
+    """The moe family's shape of a call (its schema's key order: the one serving's failures key
+    on)."""
+    return {"m": int(x.shape[0]), "experts": int(w1.shape[0]), "topk": int(topk_ids.shape[1]),
+            "hidden": int(x.shape[1]), "inter": int(w1.shape[1]) // 2,
+            "dtype": str(x.dtype).removeprefix("torch.")}
+
+
 def moe_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The routers of `model`'s MoE blocks that are modules of their own, not an nn.Linear: a
     block's `gate` beside experts `moe_layout` reads, holding a [experts, hidden] `weight` and no
-    bias, whose forward computes its logits as ``F.linear(hidden_states, self.weight)``
-    (transformers 5's Qwen3-MoE / Qwen2-MoE / Mixtral top-k routers)."""
+    bias, whose forward takes the hidden states alone and computes its logits as
+    ``F.linear(hidden_states, self.weight)`` (transformers 5's Qwen3-MoE / Qwen2-MoE / Mixtral
+    top-k routers; not a hash router that also takes the input ids)."""
     found = []
     for block in model.modules():
         gate, experts = getattr(block, "gate", None), getattr(block, "experts", None)
@@ -63,9 +103,44 @@ def moe_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
         weight = getattr(gate, "weight", None)
         if (layout is not None and isinstance(weight, torch.nn.Parameter)
                 and tuple(weight.shape) == (layout[0], layout[1])
-                and not isinstance(getattr(gate, "bias", None), torch.Tensor)):
+                and not isinstance(getattr(gate, "bias", None), torch.Tensor)
+                and _one_input(type(gate).forward)):
             found.append(gate)
     return found
+
+
+def _one_input(forward) -> bool:
+    """Whether a forward takes one required argument besides self."""
+    try:
+        params = list(inspect.signature(forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return False
+    required = [p for p in params if p.default is p.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(required) == 1
+
+
+# Dynamo traces a torch function mode's enter and exit from torch 2.6 on (pre-releases too)
+MODES_TRACE = tuple(int(d) for d in re.match(r"(\d+)\.(\d+)", torch.__version__).groups()) >= (2, 6)
+
+
+class LinearOnWeight(torch.overrides.TorchFunctionMode):
+    """While active: ``F.linear(x, weight)`` on `weight` itself (no bias; plain tensors, not a
+    subclass such as DTensor) calls `route(x)`; every other call runs as it is. How a router
+    whose forward computes its logits so, not through an nn.Linear, reaches an installed linear
+    (tuner.serving). The mode is off while its handler runs; Dynamo traces it (MODES_TRACE)."""
+
+    def __init__(self, weight: torch.Tensor, route):
+        super().__init__()
+        self.weight, self.route = weight, route
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is F.linear and len(args) >= 2 and args[1] is self.weight
+                and type(args[0]) is torch.Tensor
+                and (args[2:] in ((), (None,))) and kwargs in ({}, {"bias": None})):
+            return self.route(args[0])
+        return func(*args, **kwargs)
 
 
 # decoder layers whose forward feeds input_layernorm's output only to self_attn's q/k/v

@@ -34,7 +34,7 @@ import pandas as pd
 from .errors import CandidateFailure, TunerError, info, one_line, warn
 from .parity import DEFAULT_GATE, DEFAULT_MARGIN, ParityFacts, resolve_gate
 from .tables import read_parquet, write_parquet
-from .units import Threshold, parse_threshold, pct
+from .units import Threshold, parse_threshold
 
 __all__ = ["BASELINE_PATH", "DEFAULT_MIN_SPEEDUP", "DEFAULT_TOP", "IDENTITY_COLUMNS",
            "MEASURED_COLUMNS", "PARITY_COLUMNS", "VERDICTS_DIR", "VERDICT_COLUMNS", "Candidate",
@@ -559,10 +559,14 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
         raise TunerError(f"--min-speedup must be positive, not {min_speedup}")
     threshold = parse_threshold(threshold)
     studies = load_studies(storage, family=family, device=device, top=top, names=names)
-    from .baselines import check_baseline
+    from .baselines import check_baseline, eager_share_note
 
     step = check_baseline(baseline or ("compile" if compiled_baseline else "eager"))
-    _warn_eager_step_shares(studies, step, threshold)
+    note = eager_share_note(step, threshold, [s.step_us for s in studies
+                                              if not s.shape.get("baseline_compiled")],
+                            len(studies))
+    if note:
+        warn(note)
     if measure is None:
         from .bench import REFERENCES
 
@@ -590,23 +594,6 @@ def rank(storage: str | None = None, *, family: str | None = None, device: str |
         else:
             table[col] = [idents[f].get(col, "") for f in table["family"]]
     return table
-
-
-def _warn_eager_step_shares(studies: list[StudyInfo], step: str, threshold: Threshold) -> None:
-    """One warning where a share-of-the-step bar meets a compiled baseline and studies of an
-    eager trace: their step time is the eager step's, longer than the compiled one the
-    candidates are measured against, so the bar is a larger share of the step that counts."""
-    if step == "eager" or threshold.share is None:
-        return
-    eager = [s for s in studies if not s.shape.get("baseline_compiled") and s.step_us > 0]
-    if not eager:
-        return
-    step_us = max(s.step_us for s in eager)
-    warn(f"{len(eager)} of {len(studies)} studies are of an eager trace (step {step_us:.0f} us): "
-         f"the bar {threshold.target()} is of that step, not of the shorter {step} step the "
-         f"candidates must beat; trace the {step} step, or give the bar as a time per token "
-         f"(--min-saving {threshold.share * 4000:g}us is {pct(threshold.share)} of a 4 ms "
-         f"step)")
 
 
 def _require_gpu() -> None:

@@ -34,9 +34,8 @@ fold_norms, a decoder layer's RMSNorm whose projections the export serves with n
 configs passes its input through and those projections call ``tuner.norm_linear``
 (tuner.layouts.norm_folds); with "moe", the experts module of every MoE block whose stored
 weights the kernel reads as they are (tuner.layouts.moe_layout) calls ``tuner.moe`` with its own
-parameters (no copy). A block's router that is a module of its own, not an nn.Linear
-(tuner.layouts.moe_routers), runs its own forward with its ``F.linear`` on its weight routed as an
-nn.Linear's (`_RouterLinear`, with "gemv" or "gemm"). With
+parameters (no copy); its router, a module of its own (tuner.layouts.moe_routers), has its
+``F.linear`` routed as an nn.Linear's (tuner.layouts.LinearOnWeight). With
 "attention" it routes ``torch.nn.functional.scaled_dot_product_attention`` (looked up by name at
 each call) and, in a process that has imported transformers, transformers' "sdpa" attention
 function: a decode call (one query token, no dropout, not causal, no mask or one of that query
@@ -60,10 +59,10 @@ import torch
 import torch.nn.functional as F
 
 from . import runtime
-from .layouts import (FOLD_LAYERS, decode_mask, gemv_shape, hf_attention_interface, hf_structure,
-                      linear_lookup_parts, linear_structure, moe_layout, moe_routers, norm_folds,
-                      plain_kwargs,
-                      rms_norm_eps)
+from .layouts import (FOLD_LAYERS, MODES_TRACE, LinearOnWeight, decode_call_dims, decode_mask,
+                      gemv_shape, hf_attention_interface, hf_structure, linear_lookup_parts,
+                      linear_structure, moe_call_args, moe_call_shape, moe_layout, moe_routers,
+                      no_autograd, norm_folds, plain_kwargs, rms_norm_eps)
 
 __all__ = ["FOLD_LAYERS", "Installed", "decode_attention", "install", "installed", "linear", "moe",
            "moe_layout", "norm_folds", "norm_linear"]
@@ -256,7 +255,7 @@ def moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Ten
 
     if not _moe_served(x, w1, w2, topk_ids, topk_weights):
         return baseline()
-    shape = _moe_shape(x, w1, topk_ids)
+    shape = moe_call_shape(x, w1, topk_ids)
     return _tuned("moe", shape, lambda config: family.launch(inputs, config), baseline)
 
 
@@ -268,13 +267,6 @@ def _moe_served(x, w1, w2, topk_ids, topk_weights) -> bool:
             and not topk_ids.dtype.is_floating_point and topk_weights.dtype.is_floating_point
             and w1.shape[2] == x.shape[1] and w1.shape[1] % 2 == 0
             and tuple(w2.shape) == (w1.shape[0], x.shape[1], w1.shape[1] // 2))
-
-
-def _moe_shape(x, w1, topk_ids) -> dict:
-    """The moe family's shape of a call (its schema's key order: the one `_failed` keys on)."""
-    return {"m": int(x.shape[0]), "experts": int(w1.shape[0]), "topk": int(topk_ids.shape[1]),
-            "hidden": int(x.shape[1]), "inter": int(w1.shape[1]) // 2,
-            "dtype": str(x.dtype).removeprefix("torch.")}
 
 
 # ------------------------------------------------------------------------------- custom ops
@@ -340,28 +332,8 @@ def _routed_linear(module, x, weight, bias):
     return torch.ops.tuner.linear(x, weight, bias)
 
 
-class _RouterLinear(torch.overrides.TorchFunctionMode):
-    """Active while an installed router's own forward runs: its ``F.linear`` on its own weight
-    (transformers' top-k routers compute their logits so, not through an nn.Linear) is routed
-    as an installed nn.Linear's; every other call runs as it is. Dynamo traces the mode."""
-
-    def __init__(self, router):
-        super().__init__()
-        self.router = router
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if (func is F.linear and len(args) == 2 and not kwargs
-                and args[1] is self.router.weight):
-            return _routed_linear(self.router, args[0], args[1], None)
-        return func(*args, **kwargs)
-
-
-_MODES_TRACE = torch.torch_version.TorchVersion(torch.__version__) >= (2, 6)
-
-
-def _router_forward(self, *args, **kwargs):
-    with _RouterLinear(self):
+def _router_forward(self, *args, **kwargs):  # the class's own, its logits GEMM routed
+    with LinearOnWeight(self.weight, lambda x: _routed_linear(self, x, self.weight, None)):
         return type(self).forward(self, *args, **kwargs)
 
 
@@ -417,13 +389,8 @@ def _moe_call(module, x, ids, weights) -> bool:
     transformers' own forward, one warning)."""
     try:
         _index, experts, hidden, inter = module._tuner_moe
-        if not (isinstance(x, torch.Tensor) and isinstance(ids, torch.Tensor)
-                and isinstance(weights, torch.Tensor) and x.dim() == 2 and ids.dim() == 2
-                and weights.shape == ids.shape and ids.shape[0] == x.shape[0]
-                and x.shape[1] == hidden and not ids.dtype.is_floating_point
-                and weights.dtype.is_floating_point and x.dtype in DTYPES
-                and x.dtype == module.gate_up_proj.dtype and _inference(x, weights)
-                and "moe" in _enabled):
+        if not (moe_call_args(module, x, ids, weights, hidden) and x.dtype in DTYPES
+                and no_autograd(x, weights) and "moe" in _enabled):
             return False
         dtype = str(x.dtype).removeprefix("torch.")
         if torch.compiler.is_compiling():
@@ -432,7 +399,7 @@ def _moe_call(module, x, ids, weights) -> bool:
             return _moe_routed(structure, x.device.type, _route_key)
         if not _runs_kernels(x):
             return False
-        shape = _moe_shape(x, module.gate_up_proj, ids)
+        shape = moe_call_shape(x, module.gate_up_proj, ids)
         if ("moe", tuple(shape.items())) in _failed:
             return False
         if runtime.resolved("moe", shape)[0] is not None:
@@ -461,9 +428,7 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     every other call to torch's own SDPA, unchanged."""
     try:
         decode = bool(dropout_p == 0.0 and not is_causal and not kwargs
-                      and query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
-                      and value.shape == key.shape and key.shape[3] == query.shape[3]
-                      and _inference(query, key, value)
+                      and decode_call_dims(query, key, value) and no_autograd(query, key, value)
                       and key.shape[1] > 0 and query.shape[1] % key.shape[1] == 0
                       and (enable_gqa or key.shape[1] == query.shape[1])
                       and decode_mask(attn_mask, query, key) and _has_attention_entry(query, key))
@@ -541,11 +506,9 @@ def _hf_decode_call(module, query, key, value, mask, dropout, is_causal, kwargs)
     try:
         groups = int(getattr(module, "num_key_value_groups", 1) or 1)
         # is_causal: transformers itself ignores it for one query token
-        return bool(dropout == 0.0 and plain_kwargs(kwargs) and _inference(query, key, value)
-                    and query.dim() == 4 and query.shape[2] == 1 and key.dim() == 4
-                    and value.shape == key.shape and key.shape[1] * groups == query.shape[1]
-                    and key.shape[3] == query.shape[3]
-                    and decode_mask(mask, query, key)
+        return bool(dropout == 0.0 and plain_kwargs(kwargs) and no_autograd(query, key, value)
+                    and decode_call_dims(query, key, value)
+                    and key.shape[1] * groups == query.shape[1] and decode_mask(mask, query, key)
                     and _has_attention_entry(query, key, hf_structure(module, groups)))
     except Exception as exc:  # noqa: BLE001 - serving must never raise into the caller
         _warn_once(("hf-attention", type(exc).__name__), "transformers attention call not read "
@@ -554,11 +517,6 @@ def _hf_decode_call(module, query, key, value, mask, dropout, is_causal, kwargs)
 
 
 _hf_own_sdpa = None  # transformers' own "sdpa" attention function (kept by install)
-def _inference(*tensors) -> bool:
-    """No autograd through the call: the custom op has no backward."""
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-
-
 # -------------------------------------------------------------------------------- install
 @dataclass
 class Installed:
@@ -602,7 +560,7 @@ class Installed:
                 for m in rows:
                     x = torch.randn(m, module.weight.shape[1], device=module.weight.device,
                                     dtype=module.weight.dtype)
-                    module(x)
+                    module(x)  # a router (moe_routers) takes the hidden states alone
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
@@ -671,11 +629,12 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
                 module.__dict__["_tuner_linear"] = linear_structure(module)  # `_linear_routed`
                 module.forward = types.MethodType(_linear_forward, module)
                 handle.linears.append(module)
-        # Dynamo traces a torch function mode's enter and exit from torch 2.6 on: before, the
-        # mode would break a fullgraph compile, so routers stay transformers' own there
-        for router in moe_routers(model) if _MODES_TRACE else ():
-            if "forward" not in router.__dict__:
-                router.__dict__["_tuner_linear"] = linear_structure(router)  # `_linear_routed`
+        # where the export has the router's GEMM (the mode costs host time at its every call)
+        for router in moe_routers(model) if MODES_TRACE else ():
+            structure = linear_structure(router)
+            if "forward" not in router.__dict__ and _linear_routed(
+                    structure, router.weight.device.type, _route_key):
+                router.__dict__["_tuner_linear"] = structure  # `_linear_routed`
                 router.forward = types.MethodType(_router_forward, router)
                 handle.routers.append(router)
     if fold_norms and "gemv" in families:

@@ -109,7 +109,9 @@ for item in ${TUNE:-}; do
   keep "$D" "tune-$model-b$batch"
   late && { stamp "skip ab $model b$batch (deadline)"; continue; }
   stamp "$model b$batch: ab against $BASELINES with this export"
-  ab "$model" "$batch" "$(ls -d "$D"/export/*/ | head -n 1)" "$D/ab" "$BASELINES"
+  exp=$(ls -d "$D"/export/*/ 2>/dev/null | head -n 1)
+  [ -n "$exp" ] || { stamp "$model b$batch: no export, no ab"; continue; }
+  ab "$model" "$batch" "$exp" "$D/ab" "$BASELINES"
   keep "$D" "tune-$model-b$batch"
 done
 stamp "done"

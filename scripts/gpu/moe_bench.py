@@ -11,7 +11,7 @@ calls touch different experts and read them from HBM (cold, as in a decode step)
      default against the baseline (torch._grouped_mm, or the per-expert loop where torch lacks
      it); the per-expert loop baseline timed at m = 1 and the largest m;
   4. the floor: the touched experts' bytes (tuner_kernels.cost.moe_cost) / the measured read bandwidth
-     of artifacts/devices/nvidia-h200.json (falls back to tuner.device's spec);
+     of the visible GPU's saved profile under artifacts/devices (falls back to tuner.device's spec);
   5. where the best config's time goes: the align step, the up GEMM, the down GEMM and the
      reduce (the GEMV path has only the two GEMVs), each timed alone under the same protocol (their sum is not the launch's
      time: alone, each starts on an idle GPU).
@@ -49,10 +49,11 @@ GROUPS, REPLAYS = (5, 5) if not SMOKE else (1, 1)
 
 
 def read_bandwidth() -> float:
+    from tuner.device import find_saved_profile  # the visible GPU's saved profile (setup.sh)
+
     try:
-        data = json.load(open("artifacts/devices/nvidia-h200.json"))
-        return float(data["read_bandwidth_bytes_per_s"])
-    except (OSError, KeyError, ValueError):
+        return float(find_saved_profile().read_bandwidth_bytes_per_s)
+    except (AttributeError, TypeError, ValueError):
         return 4.8e12  # the H200's spec figure; said in the output
 
 

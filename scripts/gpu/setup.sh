@@ -15,5 +15,6 @@ if [ -z "${DEVICE_JSON:-}" ]; then
   nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q "H100" \
     && DEVICE_JSON=benchmarks/logs/2026-12-06/moe_gemv/nvidia-h100-80gb-hbm3.json
 fi
-DEV=artifacts/devices/$(basename "$DEVICE_JSON")
+DEV=artifacts/devices/$(python3 -c "import json, sys; from tuner.device import profile_key; \
+print(profile_key(json.load(open(sys.argv[1]))['name']))" "$DEVICE_JSON").json  # the name lookups use
 cp "$DEVICE_JSON" "$DEV"
