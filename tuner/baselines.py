@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 from .errors import TunerError, one_line
 
-__all__ = ["BASELINES", "COMPILE_MODES", "SDPAForm", "check_baseline", "compile_step", "eager_share_note",
-           "fastest_sdpa_form", "grouped_sdpa", "grouped_sdpa_op",
+__all__ = ["BASELINES", "COMPILE_MODES", "SDPAForm", "check_baseline", "compile_step",
+           "eager_share_note", "fastest_sdpa_form", "grouped_sdpa", "grouped_sdpa_op",
            "parse_baselines", "sdpa_forms", "strongest_available"]
 
 BASELINES = ("eager", "compile", "max-autotune")

@@ -50,11 +50,13 @@ GROUPS, REPLAYS = (5, 5) if not SMOKE else (1, 1)
 
 def read_bandwidth() -> float:
     from tuner.device import find_saved_profile  # the visible GPU's saved profile (setup.sh)
+    from tuner.errors import TunerError
 
     try:
-        return float(find_saved_profile().read_bandwidth_bytes_per_s)
-    except (AttributeError, TypeError, ValueError):
-        return 4.8e12  # the H200's spec figure; said in the output
+        profile = find_saved_profile()
+    except TunerError:  # a saved file that does not read as a profile
+        profile = None
+    return profile.read_bandwidth_bytes_per_s if profile else 4.8e12  # else the H200's spec
 
 
 def input_sets(shape: dict) -> list[dict]:
