@@ -658,3 +658,69 @@ def test_fold_norms_folds_the_tuned_arms_norms_and_says_so(monkeypatch, tmp_path
         assert ("4 decoder-layer RMSNorms folded" in abv.markdown(v)) == fold
     assert folded == {True: 4, False: 0}
     runtime.reset()
+
+
+def test_an_export_leaves_out_the_entries_whose_calls_the_whole_step_ran_slower(monkeypatch,
+                                                                               tmp_path, capsys):
+    """tuner ab records which export entries served each attributed call; `tuner export
+    --drop-step-losses ab.json` re-exports the same verdicts without the entries whose calls the
+    step ran slower (a gemv entry, and the attention family's only entry, whose file goes with
+    it), and keeps the one that saved time. An ab.json without the entries is refused."""
+    from test_serving import IDENTITY, accepted_verdicts
+    from tuner import rank
+
+    monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
+    monkeypatch.delenv("TUNER_EXPORT_DIR", raising=False)
+    gate_up = {"m": 1, "n": 1536, "k": 512, "dtype": "bfloat16"}
+    down = {"m": 1, "n": 512, "k": 768, "dtype": "bfloat16"}
+    attention = {"batch": 4, "heads": 8, "kv_heads": 8, "kv_len": 162, "head_dim": 64,
+                 "dtype": "bfloat16"}
+    table = accepted_verdicts([("gemv", gate_up), ("gemv", down), ("attention", attention)])
+    parquet, _ = rank.write(table, tmp_path / "verdicts", "nvidia-h200-all")
+    out = tmp_path / "export"
+    assert main(["export", str(parquet), "-o", str(out)]) == 0
+    folder = out / "nvidia-h200"
+
+    def linear(shape):
+        return {"op": "aten::mm", "family": "gemm", "phase": "decode", "batch": 1,
+                "layout": "NT", "calls_per_step": 36.0, "us_per_call": 5.0, **shape}
+    rows = [linear(gate_up), linear(down),
+            {"op": "aten::scaled_dot_product_attention", "family": "attention",
+             "phase": "decode", "q_len": 1, "m": 1, "n": 146, "k": 64, "calls_per_step": 36.0,
+             "us_per_call": 10.0, **attention, "kv_len": 146}]
+    entries: dict = {}
+    projected = ab.projected_savings(folder, rows, [], [], entries)
+    keys = {"gemv": sorted(json.loads((folder / "gemv.json").read_text())["configs"]),
+            "attention": sorted(json.loads((folder / "attention.json").read_text())["configs"])}
+    names = ["m=1,n=1536,k=512", "m=1,n=512,k=768", "attention b=4 h=8 kv=146 d=64"]
+    assert sorted(projected) == sorted(entries) == sorted(names)
+    gate_up_key = next(k for k in keys["gemv"] if "n=1536" in k)
+    assert entries[names[0]] == [{"family": "gemv", "key": gate_up_key}]
+    assert entries[names[2]] == [{"family": "attention", "key": keys["attention"][0]}]
+
+    saved = {names[0]: -31.7, names[1]: 12.0, names[2]: -2.5}
+    record = {"label": "tiny-b1-max-autotune", "attribution": [
+        {"shape": n, "measured_saving_us": saved[n], "projected_saving_us": projected[n],
+         "export_entries": entries[n]} for n in names]}
+    ab_json = tmp_path / "ab.json"
+    ab_json.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main(["export", str(parquet), "-o", str(out), "--drop-step-losses", str(ab_json)]) == 0
+    err = capsys.readouterr().err
+    assert (f"not exported: gemv {gate_up_key}: the whole step (tiny-b1-max-autotune) ran its "
+            f"calls m=1,n=1536,k=512 31.7 µs a step slower") in err
+    assert "not exported: attention" in err
+    gemv = json.loads((folder / "gemv.json").read_text())["configs"]
+    assert sorted(gemv) == [k for k in keys["gemv"] if k != gate_up_key]
+    assert not (folder / "attention.json").exists()
+    assert sorted(json.loads((folder / "manifest.json").read_text())["families"]) == ["gemv"]
+
+    for r in record["attribution"]:
+        del r["export_entries"]
+    ab_json.write_text(json.dumps(record))
+    assert main(["export", str(parquet), "-o", str(out), "--drop-step-losses", str(ab_json)]) == 2
+    assert "an older `tuner ab`" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    assert main(["export", str(parquet), "--drop-step-losses", str(tmp_path / "bad.json")]) == 2
+    assert "not a `tuner ab` result" in capsys.readouterr().err
+    runtime.reset()

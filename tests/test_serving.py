@@ -72,6 +72,11 @@ def model_shapes() -> list[tuple[str, dict]]:
 def write_export(root, entries, identity: dict | None = None) -> None:
     """Accepted verdicts for (family, shape[, config]) entries (default: the family's default
     config), exported by tuner.export for `identity` (default: the faked H200)."""
+    export.export(accepted_verdicts(entries, identity), out_root=root)
+
+
+def accepted_verdicts(entries, identity: dict | None = None):
+    """The verdict table write_export exports: one accepted row per entry, 5.0 -> 4.0 µs."""
     identity = identity or IDENTITY
     studies = []
     for entry in entries:
@@ -94,7 +99,7 @@ def write_export(root, entries, identity: dict | None = None) -> None:
                           ("measured_at", "2026-12-01T00:00:00+00:00")):
         table[column] = value
     table["kernel_hash"] = [get_family(f).source_hash() for f in table["family"]]
-    export.export(table, out_root=root)
+    return table
 
 
 @pytest.fixture

@@ -45,9 +45,10 @@ from .runtime import EXPORT_FORMAT, EXPORT_ROOT, device_key_for
 from .tables import atomic_write_bytes, check_output_dir, remove_stale_temps
 
 __all__ = ["DCU_ARCHS", "ENGINES", "FORMATS", "MEASURED_FIELDS", "VLLM_FAMILIES", "accepted",
-           "atomic_write_json", "atomic_write_text", "engine_device_name",
+           "atomic_write_json", "atomic_write_text", "drop_entries", "engine_device_name",
            "engine_moe_documents", "export", "family_document", "load_verdicts",
-           "moe_config_file_name", "row_problem", "run_cli", "summary_lines", "valid_rows",
+           "moe_config_file_name", "row_problem", "run_cli", "step_losses", "summary_lines",
+           "valid_rows",
            "vllm_documents"]
 
 VLLM_FAMILIES = ("gemv", "gemm")
@@ -309,8 +310,11 @@ def _sha256(path: Path) -> str:
 
 def export(verdicts: pd.DataFrame, *, out_root: str | Path = EXPORT_ROOT,
            family: str | None = None, formats: tuple[str, ...] = ("native",),
-           check_kernel_hash: bool = True) -> list[Path]:
-    """Write the accepted configs; returns the paths written (manifests last)."""
+           check_kernel_hash: bool = True, retire: tuple = ()) -> list[Path]:
+    """Write the accepted configs; returns the paths written (manifests last). `retire`:
+    (device key, family) pairs left with no entry (drop_entries took them all): a file of that
+    family an earlier export left in the directory is removed with its manifest entry, so the
+    loader cannot serve what was dropped."""
     for fmt in formats:
         if fmt not in FORMATS:
             raise TunerError(f"unknown export format {fmt!r}; expected {', '.join(FORMATS)}")
@@ -333,6 +337,11 @@ def export(verdicts: pd.DataFrame, *, out_root: str | Path = EXPORT_ROOT,
                                         check_kernel_hash=check_kernel_hash)
         manifest_path = directory / "manifest.json"
         manifest = _read_manifest(manifest_path)
+        for dev, fam in retire:
+            if dev == device_key and fam not in docs and fam in manifest["families"]:
+                (directory / f"{fam}.json").unlink(missing_ok=True)
+                del manifest["families"][fam]
+                info(f"removed {directory / f'{fam}.json'}: every entry of it was dropped")
         for fam, doc in docs.items():
             path = atomic_write_json(_inside(root, directory / f"{fam}.json"), doc)
             written.append(path)
@@ -391,11 +400,63 @@ def summary_lines(paths: list[Path]) -> list[str]:
     return out
 
 
-def run_cli(paths, *, family, formats, out_root, check_kernel_hash=True) -> list[Path]:
+def step_losses(ab_paths: list[str | Path]) -> dict[tuple[str, str], str]:
+    """(family, entry key) -> why, for every export entry whose calls the whole step ran slower
+    in a `tuner ab` (its ab.json): the attribution row of that call measured a negative saving
+    (the tuned step's kernels for it took longer than the baseline's). A kernel timed alone can
+    win where the step loses, e.g. where the baseline compiler fused a norm into the linear the
+    export makes opaque; the A/B's per-shape attribution is what shows it (docs/ab.md)."""
+    out: dict[tuple[str, str], str] = {}
+    for path in ab_paths:
+        try:
+            record = json.loads(Path(path).read_text())
+            rows = record["attribution"]
+            if not isinstance(rows, list):
+                raise TypeError("attribution is not a list")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise TunerError(f"--drop-step-losses {path}: not a `tuner ab` result "
+                             f"(ab.json): {exc}") from None
+        if rows and not any("export_entries" in r for r in rows):
+            raise TunerError(f"--drop-step-losses {path}: its attribution does not name the "
+                             "export entries serving each call (an older `tuner ab`): run the "
+                             "A/B again")
+        label = record.get("label") or Path(path).parent.name
+        for r in rows:
+            saving = r.get("measured_saving_us")
+            if saving is None or not math.isfinite(float(saving)) or float(saving) >= 0:
+                continue
+            projected = r.get("projected_saving_us")
+            proj = (f", projected {float(projected):+.1f}" if projected is not None
+                    and math.isfinite(float(projected)) else "")
+            for entry in r.get("export_entries") or ():
+                out[(str(entry["family"]), str(entry["key"]))] = (
+                    f"the whole step ({label}) ran its calls {r['shape']} "
+                    f"{-float(saving):.1f} µs a step slower{proj}")
+    return out
+
+
+def drop_entries(verdicts: pd.DataFrame, losses: dict[tuple[str, str], str]) -> pd.DataFrame:
+    """`verdicts` without the accepted rows `losses` names (step_losses), one warning each."""
+    if not losses or verdicts.empty:
+        return verdicts
+    keys = list(zip(verdicts["family"].astype(str), verdicts["shape"].astype(str)))
+    drop = [k in losses and d == rank_mod.ACCEPT for k, d in zip(keys, verdicts["decision"])]
+    for (fam, shape), dropped in zip(keys, drop):
+        if dropped:
+            warn(f"not exported: {fam} {shape}: {losses[(fam, shape)]}")
+    return verdicts[[not d for d in drop]]
+
+
+def run_cli(paths, *, family, formats, out_root, check_kernel_hash=True,
+            drop_step_losses=()) -> list[Path]:
     check_output_dir(out_root, "-o")  # before reading anything
+    losses = step_losses(list(drop_step_losses))
     verdicts = load_verdicts(paths)
-    written = export(verdicts, out_root=out_root, family=family, formats=formats,
-                     check_kernel_hash=check_kernel_hash)
+    kept = drop_entries(verdicts, losses)
+    before, after = (set(zip(accepted(v, family)["device"], accepted(v, family)["family"]))
+                     for v in (verdicts, kept))
+    written = export(kept, out_root=out_root, family=family, formats=formats,
+                     check_kernel_hash=check_kernel_hash, retire=tuple(sorted(before - after)))
     info(f"exported to {out_root}:")
     for line in summary_lines(written):
         print(line)

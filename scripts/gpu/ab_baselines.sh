@@ -16,6 +16,8 @@
 #   max-autotune picks for each shape; for attention the fastest SDPA on the grouped cache) with
 #   RANK_FLAGS, export, then tuner ab against
 #   every baseline in BASELINES with that export: measured against projected per baseline.
+#   CONFIRM=1: then export again without the entries whose calls that step (against the first
+#   baseline) ran slower (tuner export --drop-step-losses) and, before DEADLINE_S, A/B that export.
 # MIN_SAVING: the search's and rank's --min-saving (default theirs, 0.5% of the traced step; a
 #   time per token such as 10us holds against a compiled step shorter than the eager one traced).
 # LAYERS: keep the first LAYERS decoder layers of every config (written under the work folder;
@@ -112,6 +114,19 @@ for item in ${TUNE:-}; do
   exp=$(ls -d "$D"/export/*/ 2>/dev/null | head -n 1)
   [ -n "$exp" ] || { stamp "$model b$batch: no export, no ab"; continue; }
   ab "$model" "$batch" "$exp" "$D/ab" "$BASELINES"
+  keep "$D" "tune-$model-b$batch"
+  [ -n "${CONFIRM:-}" ] || continue
+  abj=$(ls "$D"/ab/*-"$FIRST"/ab.json 2>/dev/null | head -n 1)
+  [ -n "$abj" ] || { stamp "$model b$batch: no A/B against $FIRST, nothing to confirm"; continue; }
+  stamp "$model b$batch: export without the entries the step ran slower ($abj)"
+  timeout 60 python3 -m tuner.cli export "$D"/verdicts/*.parquet -o "$D/export-confirmed" \
+    --drop-step-losses "$abj" > "$D/export-confirmed.log" 2>&1
+  tail -n 8 "$D/export-confirmed.log" | tee -a "$LOG"; keep "$D" "tune-$model-b$batch"
+  grep -q "not exported" "$D/export-confirmed.log" \
+    || { stamp "$model b$batch: the step ran no exported call slower: nothing to confirm"; continue; }
+  late && { stamp "skip the confirming ab $model b$batch (deadline)"; continue; }
+  stamp "$model b$batch: ab against $BASELINES with the confirmed export"
+  ab "$model" "$batch" "$D/export-confirmed/$(basename "$exp")" "$D/ab-confirmed" "$BASELINES"
   keep "$D" "tune-$model-b$batch"
 done
 stamp "done"

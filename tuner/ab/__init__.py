@@ -182,7 +182,8 @@ def _harvest(traces: dict, topk: int | None = None) -> tuple[dict, str]:
 
 
 def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
-                      tuned_rows: list[dict] | None = None, paths: list | None = None) -> dict:
+                      tuned_rows: list[dict] | None = None, paths: list | None = None,
+                      entries: dict | None = None) -> dict:
     """attribution key ('m=..,n=..,k=..', 'attention b=.. h=.. kv=.. d=..', 'moe m=.. E=..
     ...') -> the saving the export projects per step for that call: the saving per call rank
     measured for the entry serving uses (exact, else nearest m / kv_len), times the calls per
@@ -192,7 +193,9 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
     MoE calls are projected from the baseline step's moe rows (transformers' grouped-mm experts
     read with the config's top-k), or, where it has none (a compiled step's grouped-mm templates:
     docs/harvest.md), from the tuned step's: its
-    tuner::moe calls are the same calls of the same step, at the shape serving resolved."""
+    tuner::moe calls are the same calls of the same step, at the shape serving resolved.
+    `entries`, where given, gets attribution key -> the export entries serving resolved that
+    call to ([{"family", "key"}], `tuner export --drop-step-losses` reads them)."""
     import os
 
     from tuner_kernels import get_family
@@ -204,7 +207,8 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
     runtime.reset()
     try:
         return _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows or [],
-                          paths if paths is not None else [])
+                          paths if paths is not None else [],
+                          entries if entries is not None else {})
     finally:
         if previous is None:
             os.environ.pop("TUNER_EXPORT_DIR", None)
@@ -213,7 +217,8 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
         runtime.reset()
 
 
-def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows, paths) -> dict:
+def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows, paths,
+               entries) -> dict:
     """attribution key -> the export's projected saving per step for the baseline step's calls
     (the entry each call resolves to: exact, else nearest m / kv_len, as serving resolves it;
     MoE calls: projected_savings)."""
@@ -249,6 +254,10 @@ def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows, paths
             except Exception:  # noqa: BLE001 - no usable export: nothing projected
                 key = None
             entry = docs[family].get(key) if key else None
+            if entry is not None:
+                served = entries.setdefault(attribution_key(row), [])
+                if {"family": family, "key": key} not in served:
+                    served.append({"family": family, "key": key})
             measured = (entry or {}).get("measured") or {}
             saving = measured.get("saving_us_per_call")
             if saving is not None:
@@ -427,6 +436,7 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
     tables, note = ({}, "")
     projected: dict = {}
     paths: list = []
+    entries: dict = {}
     floors, floor_label = {}, ""
     kernels: dict = {}
     if child.ok and child.data.get("traces"):
@@ -436,7 +446,7 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
             warn(note)
         if tables.get("baseline") and export_dir:
             projected = projected_savings(export_dir, tables["baseline"],
-                                          tables.get("tuned") or [], paths)
+                                          tables.get("tuned") or [], paths, entries)
         if tables.get("baseline"):
             floors, floor_label = linear_floors(tables["baseline"],
                                                 str(child.data.get("device_name") or ""),
@@ -454,6 +464,8 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
         verdict.baseline, verdict.tuned_step = baseline, own
         verdict.step_mode = step_words(baseline, s.compile)
         verdict.tuned_step_mode = step_words(own, s.compile)
+    for row in verdict.attribution:  # which export entries served each call
+        row["export_entries"] = entries.get(row["shape"], [])
     directory.mkdir(parents=True, exist_ok=True)
     record = verdict.to_json()
     record["seconds"] = child.seconds

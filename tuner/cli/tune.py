@@ -165,6 +165,10 @@ def _add_export(sub) -> None:
     p.add_argument("--no-kernel-check", action="store_true",
                    help="export even if the kernel source changed since ranking (the loader will "
                    "then refuse the file unless the hashes match)")
+    p.add_argument("--drop-step-losses", metavar="AB_JSON", action="append", default=[],
+                   help="leave out every entry whose calls the whole step of this `tuner ab` "
+                   "result (its ab.json) ran slower than the baseline, per its per-shape "
+                   "attribution (repeatable; docs/rank_export.md)")
     p.set_defaults(func=cmd_export)
 
 
@@ -173,7 +177,8 @@ def cmd_export(args) -> int:
 
     formats = ("native",) if args.format == "native" else ("native", args.format)
     export.run_cli(args.verdicts, family=args.family, formats=formats, out_root=args.output,
-                   check_kernel_hash=not args.no_kernel_check)
+                   check_kernel_hash=not args.no_kernel_check,
+                   drop_step_losses=args.drop_step_losses)
     return 0
 
 
