@@ -58,15 +58,15 @@ for item in ${ATTN:-}; do
   timeout 200 python3 -m tuner.cli rank --storage "$D/studies.db" --family attention --top 2 ${RANK_ARGS:-} \
     -o "$D/verdicts" > "$D/rank.log" 2>&1
   echo "rank rc=$?" | tee -a "$LOG"; grep -v "re-measuring" "$D/rank.log" | tail -n 8 | tee -a "$LOG"
-  mkdir -p "$D/export/nvidia-h200"; cp "$base"/*.json "$D/export/nvidia-h200/"
-  rm -f "$D/export/nvidia-h200/attention.json"  # the base's own attention entries are replaced
+  mkdir -p "$D/export/$KEY"; cp "$base"/*.json "$D/export/$KEY/"
+  rm -f "$D/export/$KEY/attention.json"  # the base's own attention entries are replaced
   timeout 60 python3 -m tuner.cli export "$D"/verdicts/*.parquet -o "$D/export" 2>&1 | tail -n 5 | tee -a "$LOG"
-  cp "$D"/verdicts/nvidia-h200-attention.parquet "$OUT/verdicts_attention_$tag.parquet" 2>/dev/null
-  cp "$D"/verdicts/nvidia-h200-attention.md "$OUT/verdicts_attention_$tag.md" 2>/dev/null
-  mkdir -p "$OUT/export_$tag"; cp "$D"/export/nvidia-h200/*.json "$OUT/export_$tag/"
-  [ -f "$D/export/nvidia-h200/attention.json" ] || { stamp "$tag: no attention export, no ab"; continue; }
+  cp "$D"/verdicts/$KEY-attention.parquet "$OUT/verdicts_attention_$tag.parquet" 2>/dev/null
+  cp "$D"/verdicts/$KEY-attention.md "$OUT/verdicts_attention_$tag.md" 2>/dev/null
+  mkdir -p "$OUT/export_$tag"; cp "$D"/export/$KEY/*.json "$OUT/export_$tag/"
+  [ -f "$D/export/$KEY/attention.json" ] || { stamp "$tag: no attention export, no ab"; continue; }
   stamp "$tag: ab --compile (base export + attention)"
-  ab_compile "$model" "$batch" "$D/export/nvidia-h200" "$D/abc" "abc_$tag"
+  ab_compile "$model" "$batch" "$D/export/$KEY" "$D/abc" "abc_$tag"
 done
 for item in ${AB_EXPORTS:-}; do
   IFS=: read -r label model batch dir <<< "$item"

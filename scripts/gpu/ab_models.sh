@@ -9,7 +9,8 @@
 # that export; with COMPILE_AB=1 also tuner ab --compile (the torch.compile'd step) with the same
 # export (EAGER_AB=0: the compiled A/B only); SEARCH_NOAHEAD=1 first runs the same search with
 # --compile-threads 0 into another storage (trials per shape, both ways). GPU_TESTS: pytest
-# targets run first (marker gpu). DEVICE_JSON: a saved device profile (else `tuner device` runs).
+# targets run first (marker gpu). DEVICE_JSON: a saved device profile (default the measured one of
+# the card found, H200 or H100: scripts/gpu/setup.sh).
 # Writes $OUT/ab_<model>-b<batch>.json/.md (eager), abc_<model>-b<batch>.json/.md (compiled),
 # verdicts_<model>-b<batch>.md, export_<model>-b<batch>/ and ab_models.tar.gz (everything).
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0;; esac
@@ -20,16 +21,7 @@ mkdir -p "$OUT"
 W=$(mktemp -d /tmp/ab_models.XXXXXX)
 LOG="$OUT/ab_models.log"
 SEARCH_S=${SEARCH_S:-60}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed" | tee -a "$LOG"
-export PYTHONPATH="$PWD:/tmp/site" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
-T0=$(date +%s)
-stamp() { echo "== $1  (+$(( $(date +%s) - T0 ))s)" | tee -a "$LOG"; }
-mkdir -p artifacts/devices
-if [ -f "${DEVICE_JSON:-}" ]; then cp "$DEVICE_JSON" artifacts/devices/nvidia-h200.json; fi
-if [ ! -f artifacts/devices/nvidia-h200.json ]; then
-  stamp "tuner device"; timeout 60 python3 -m tuner.cli device 2>&1 | tail -n 6 | tee -a "$LOG"
-fi
+source scripts/gpu/setup.sh
 if [ -n "${GPU_TESTS:-}" ]; then
   stamp "gpu tests"
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS 2>&1 | tail -n 25 | tee -a "$LOG"
@@ -50,13 +42,13 @@ for item in ${MODELS:-qwen3_8b:1}; do
     stamp "$model b$batch: search $family ${SEARCH_S}s, --compile-threads 0"
     timeout $((SEARCH_S + 90)) python3 -m tuner.cli search "$D/shapes.parquet" --family "$family" \
       --graph-captured --timeout "${SEARCH_S}s" --storage "$D/studies_noahead.db" --no-progress \
-      --compile-threads 0 --device artifacts/devices/nvidia-h200.json > "$D/search_noahead.log" 2>&1
+      --compile-threads 0 --device "$DEV" > "$D/search_noahead.log" 2>&1
     echo "search rc=$?" | tee -a "$LOG"; tail -n 8 "$D/search_noahead.log" | tee -a "$LOG"
   fi
   stamp "$model b$batch: search $family ${SEARCH_S}s"
   timeout $((SEARCH_S + 90)) python3 -m tuner.cli search "$D/shapes.parquet" --family "$family" \
     --graph-captured --timeout "${SEARCH_S}s" --storage "$D/studies.db" --no-progress \
-    --device artifacts/devices/nvidia-h200.json > "$D/search.log" 2>&1
+    --device "$DEV" > "$D/search.log" 2>&1
   echo "search rc=$?" | tee -a "$LOG"; tail -n 12 "$D/search.log" | tee -a "$LOG"
   stamp "$model b$batch: rank"
   timeout 200 python3 -m tuner.cli rank --storage "$D/studies.db" --family "$family" --top 2 \
@@ -66,14 +58,14 @@ for item in ${MODELS:-qwen3_8b:1}; do
   if [ "${EAGER_AB:-1}" = 1 ]; then
     stamp "$model b$batch: tuner ab"
     timeout 240 python3 -m tuner.cli ab --hf-config "$cfg" --batch "$batch" \
-      --export "$D/export/nvidia-h200" --steps 16 --groups 12 --replays 8 -o "$D/ab" \
+      --export "$D/export/$KEY" --steps 16 --groups 12 --replays 8 -o "$D/ab" \
       > "$D/ab.log" 2>&1; echo "ab rc=$?" | tee -a "$LOG"
     grep -v "^  \.\. " "$D/ab.log" | tail -n 26 | tee -a "$LOG"
   fi
   if [ -n "${COMPILE_AB:-}" ]; then
     stamp "$model b$batch: tuner ab --compile"
     timeout ${COMPILE_AB_S:-300} python3 -m tuner.cli ab --hf-config "$cfg" --batch "$batch" --compile \
-      --export "$D/export/nvidia-h200" --steps 16 --groups 12 --replays 8 -o "$D/abc" \
+      --export "$D/export/$KEY" --steps 16 --groups 12 --replays 8 -o "$D/abc" \
       > "$D/abc.log" 2>&1; echo "ab --compile rc=$?" | tee -a "$LOG"
     grep -v "^  \.\. " "$D/abc.log" | tail -n 26 | tee -a "$LOG"
     rm -rf "$D"/abc/*/traces
@@ -84,7 +76,7 @@ for item in ${MODELS:-qwen3_8b:1}; do
   cp "$D"/ab/*/ab.json "$OUT/ab_$model-b$batch.json" 2>/dev/null
   cp "$D"/ab/*/ab.md "$OUT/ab_$model-b$batch.md" 2>/dev/null
   cp "$D"/verdicts/*.md "$OUT/verdicts_$model-b$batch.md" 2>/dev/null
-  mkdir -p "$OUT/export_$model-b$batch" && cp -r "$D"/export/nvidia-h200/. "$OUT/export_$model-b$batch/" 2>/dev/null
+  mkdir -p "$OUT/export_$model-b$batch" && cp -r "$D"/export/$KEY/. "$OUT/export_$model-b$batch/" 2>/dev/null
 done
 stamp "pack"
 cp "$LOG" "$W/"

@@ -1,7 +1,7 @@
 # Sourced by the GPU scripts (ab_attention.sh) after they set LOG (and cd to the repository root): the
 # carried optuna and ijson wheels into /tmp/site, the environment, a `stamp` for timed log lines, and the
 # saved device profile ($DEV: DEVICE_JSON, default the measured profile of the card found: H200 or H100),
-# copied under artifacts/devices/.
+# copied under artifacts/devices/, and $KEY, the card's export folder name.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed" | tee -a "$LOG"
 export PYTHONPATH="$PWD:/tmp/site" TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
@@ -18,3 +18,4 @@ fi
 DEV=artifacts/devices/$(python3 -c "import json, sys; from tuner.device import profile_key; \
 print(profile_key(json.load(open(sys.argv[1]))['name']))" "$DEVICE_JSON").json  # the name lookups use
 cp "$DEVICE_JSON" "$DEV"
+KEY=$(basename "$DEV" .json)  # this card's export folder name (tuner.runtime.device_key_for)
