@@ -331,24 +331,51 @@ def test_the_router_linear_of_a_moe_block_runs_the_exported_gemv(device):
     assert all(torch.equal(a, b) for a, b in zip(router(x.view(-1, SHAPE["hidden"])), expected))
 
 
-def test_ab_harvests_the_arms_of_a_moe_config_with_its_topk(monkeypatch):
-    """tuner ab reads each arm's traces as `tuner harvest --topk` does for a MoE config (its
-    num_experts_per_tok), so transformers' grouped-mm experts in the baseline arm give moe rows
-    that pair with the tuned arm's tuner::moe rows; without a topk (a dense config's moe_topk
-    is None) it passes none."""
+def test_ab_harvests_the_arms_of_a_moe_config_with_its_topk(monkeypatch, device, tmp_path):
+    """One A/B as `tuner ab` runs it (tuner.ab._one), from a recorded measurement (an H100's
+    Qwen3-8B b1 child, tests/fixtures/ab/): each arm's traces are read as `tuner harvest --topk`
+    reads them for a MoE config (its num_experts_per_tok; transformers' grouped-mm experts in the
+    baseline arm then give moe rows that pair with the tuned arm's tuner::moe rows), and ab.json's
+    attribution names the export entry serving each call, measured and projected saving beside
+    it. A dense config's moe_topk is None: no topk is passed."""
+    import json
+
+    import pandas as pd
+
     from tuner import ab, harvest
+    from tuner.ab.child import ChildResult
+    from tuner.harvest.pipeline import HarvestResult
 
-    from tuner.errors import TunerError
-
+    shape = {"m": 1, "n": 4096, "k": 4096, "dtype": "bfloat16"}
+    write_export(device, [("gemv", shape)])  # 5.0 -> 4.0 us a call
+    data = json.loads((HERE / "fixtures" / "ab" / "measurement_qwen3_8b_b1_h100.json").read_text())
+    monkeypatch.setattr(ab, "run_child", lambda *a, **k: ChildResult(True, data, 0, "done", "",
+                                                                     1.0))
     seen = []
 
-    def stop(paths, capture=None, quiet=False, topk=None):
+    def harvested(paths, capture=None, quiet=False, topk=None):
         seen.append(topk)
-        raise TunerError("no capture")
+        arm = Path(paths[0]).name.split("_")[0]
+        row = {"op": "tuner::linear" if arm == "tuned" else "inductor::mm_reduction",
+               "family": "gemm", "phase": "decode", "batch": 1, "layout": "NT",
+               "calls_per_step": 72.0, "us_per_call": 12.2 if arm == "tuned" else 14.4,
+               "kernels": "_gemv_kernel" if arm == "tuned" else "triton_red_fused_mm_t_0",
+               "step_gpu_us": 6000.0, "step_us": 6300.0, **shape}
+        return HarvestResult(table=pd.DataFrame([row]), traces=list(paths))
 
-    monkeypatch.setattr(harvest, "harvest", stop)
-    traces = {"baseline": {"replay": "r.json", "capture": "c.json"}}
-    tables, note = ab._harvest(traces, ab.moe_topk(("hf", str(TINY_MOE))))
-    assert seen == [2] and tables == {} and note.startswith("attribution unavailable")
-    ab._harvest(traces)
-    assert seen == [2, None]
+    monkeypatch.setattr(harvest, "harvest", harvested)
+    settings = ab.ABSettings(steps=8, groups=10, replays=8)
+    folder = device / "nvidia-h200"
+    verdict = ab._one(("hf", str(TINY_MOE)), "tiny", 1, "max-autotune", settings, str(folder),
+                      str(tmp_path / "ab"), 60, out=lambda line: None)
+    assert seen == [2, 2, 2]  # baseline, tuned and A/A arms, each with the config's top-k
+    record = json.loads((tmp_path / "ab" / "tiny-b1-max-autotune" / "ab.json").read_text())
+    (row,) = record["attribution"]
+    assert row["shape"] == "m=1,n=4096,k=4096"
+    assert row["export_entries"] == [{"family": "gemv", "key": "m=1,n=4096,k=4096,dtype=bfloat16"}]
+    assert row["measured_saving_us"] == pytest.approx(2.2 * 72)
+    assert row["projected_saving_us"] == pytest.approx(72.0)
+    assert verdict.arms["baseline"]["median_us"] == pytest.approx(6319.8, abs=0.05)
+    ab._harvest({"baseline": {"replay": "baseline_replay.json", "capture": "c.json"}},
+                ab.moe_topk(("hf", str(HERE / "fixtures" / "ab" / "tiny_llama_gqa.json"))))
+    assert seen[-1] is None
