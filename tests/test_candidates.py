@@ -220,3 +220,26 @@ def test_a_launch_after_precompile_compiles_nothing():
         assert compiled == []
     finally:
         knobs.jit_post_compile_hook = previous
+
+
+@pytest.mark.parametrize("m", [256, 512, 1024])
+def test_the_tiled_prefill_configs_have_m_fastest_twins(m):
+    """At m = 256 / 512 / 1024 (2 / 4 / 8 row tiles of 128) every known tiled config in row
+    order (GROUP_M 1) has a twin that walks every row tile of a weight column tile first
+    (GROUP_M = the row tiles), valid in the cuda space, which keeps only that smallest value of
+    the m-fastest order."""
+    from tuner_kernels.candidates import column_group
+
+    space = space_for("gemm", "cuda")
+    shape = _shape(m, 28672, 4096)
+    default = gemm.default_config(shape, "cuda", sm_count=132)
+    known = space.known(candidate_configs("gemm", shape, "cuda", 132), shape, default)
+    group = column_group(m, 128)
+    assert group == m // 128
+    rows = [c for c in known if c["SWAP_AB"] == 0 and c["BLOCK_M"] == 128 and c["GROUP_M"] == 1]
+    assert rows
+    for c in rows:
+        assert {**c, "GROUP_M": group} in known, c
+    tiled = {**rows[0], "GROUP_M": group}
+    assert space.check(tiled, shape) == ""
+    assert space.check({**tiled, "GROUP_M": 2 * group}, shape) != ""  # the same order again

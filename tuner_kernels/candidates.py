@@ -21,7 +21,7 @@ import math
 from .common import cdiv, pow2_at_least
 from .common import sm_count as device_sm_count
 
-__all__ = ["candidate_configs", "split_counts"]
+__all__ = ["candidate_configs", "column_group", "split_counts"]
 
 GEMV_DOT_ROWS = 16  # tuner_kernels.gemv.DOT_ROWS (not imported: importing a family compiles nothing,
 # but keeps this module out of the families' way; tests/test_candidates.py checks they agree)
@@ -155,6 +155,12 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
                  ({**tiled(128, 128, 64, 8, 4, 1), "GROUP_M": group, "SCHEDULE": 1}, 0),
                  ({**tiled(128, 128, 64, 4, 4, 1), "GROUP_M": group, "SCHEDULE": 2}, 0),
                  ({**tiled(128, 256, 64, 8, 3, 0), "GROUP_M": group, "SCHEDULE": 1}, 0)]
+    # the tiled kernel's m-fastest twins: n fastest (GROUP_M 1), the programs of one wave read as
+    # many weight column tiles as there are programs, and the next row of tiles reads them again
+    # from HBM (B of 28672 x 4096 is 4.7x an H200's L2); with every row tile of a weight column
+    # tile side by side (the skinny kernel's grid order) the weight is read once
+    base += [({**c, "GROUP_M": column_group(m, c["BLOCK_M"])}, splits) for c, splits in base
+             if c["SWAP_AB"] == 0 and c["GROUP_M"] == 1 and column_group(m, c["BLOCK_M"]) > 1]
     configs = []
     for c, splits in base:
         configs.append({"SPLIT_K": 1, **c})
@@ -166,6 +172,14 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
             configs += [{**c, "SPLIT_K": s, "REDUCE_LAST": 0}
                         for s in split_counts(tiles, k, c["BLOCK_K"], 4, sms, splits)]
     return configs
+
+
+def column_group(m: int, block_m: int) -> int:
+    """The GROUP_M that walks every row tile of a weight column tile before the next column
+    (the m-fastest tile order; search_spaces/gemm.yaml keeps only the smallest such value),
+    capped at 8 row tiles; 1 where there is one row tile."""
+    tiles = cdiv(m, block_m)
+    return 1 if tiles <= 1 else min(8, pow2_at_least(tiles))
 
 
 def _balanced(family: str, shape: dict, raw: list[dict], sms: int) -> list[dict]:
