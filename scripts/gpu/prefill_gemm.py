@@ -189,6 +189,9 @@ def main(argv=None) -> int:
             flops = gemm.flops(shape)
             tiled_us = min((us for c, us in timed if not c.get("SCHEDULE")), default=None)
             persistent_us = min((us for c, us in timed if c.get("SCHEDULE")), default=None)
+            # the tile orders of the tiled schedule: row order (GROUP_M 1) against m-fastest
+            row_order = [(c, us) for c, us in timed if not c.get("SCHEDULE") and c.get("GROUP_M", 1) == 1]
+            col_order = [(c, us) for c, us in timed if not c.get("SCHEDULE") and c.get("GROUP_M", 1) > 1]
             row = {"weight": name, "m": m, "n": n, "k": k, "best": short(best), "config": best,
                    "ours_us": paired.candidate_us, "torch_us": paired.reference_us,
                    "ours_tflops": flops / paired.candidate_us / 1e6,
@@ -198,6 +201,11 @@ def main(argv=None) -> int:
                    "speedup": paired.speedup, "low": paired.speedup_low, "high": paired.speedup_high,
                    "noise_pct": paired.noise_pct, "default_us": timed_us(timed, configs[0]),
                    "best_tiled_us": tiled_us, "best_persistent_us": persistent_us,
+                   "best_row_order": short(row_order[0][0]) if row_order else None,
+                   "best_row_order_us": row_order[0][1] if row_order else None,
+                   "best_col_order": short(col_order[0][0]) if col_order else None,
+                   "best_col_order_us": col_order[0][1] if col_order else None,
+                   "timed": [(short(c), us) for c, us in timed],
                    "parity": facts.describe(), "bitwise_vs_baseline": facts.bitwise_vs_baseline,
                    "error_ratio": facts.error_ratio}
             rows.append(row)
@@ -260,6 +268,15 @@ def main(argv=None) -> int:
               f"[{r['low']:.3f}, {r['high']:.3f}] {us(r['best_tiled_us'])} "
               f"{us(r['best_persistent_us'])} {'yes' if r['bitwise_vs_baseline'] else 'no':>6} "
               f"{r['error_ratio']:6.2f}  {r['best']}")
+    print("\n== tile order of the tiled schedule: row order (GROUP_M 1) against m-fastest (GROUP_M > 1)")
+    print(f"{'weight':8} {'m':>5} {'n':>6} {'k':>6} {'torch us':>9} {'row us':>8} {'m-fast us':>9} "
+          f"{'row/mf':>6}  best row order | best m-fastest")
+    for r in sorted(rows, key=lambda r: (r["m"], r["n"], r["k"])):
+        a, b = r["best_row_order_us"], r["best_col_order_us"]
+        ratio = f"{a / b:6.3f}" if a and b else "     -"
+        print(f"{r['weight']:8} {r['m']:5} {r['n']:6} {r['k']:6} {r['torch_us']:9.1f} "
+              f"{a if a is not None else float('nan'):8.1f} {b if b is not None else float('nan'):9.1f} "
+              f"{ratio}  {r['best_row_order'] or '-'} | {r['best_col_order'] or '-'}")
     return 0
 
 
