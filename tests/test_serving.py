@@ -636,6 +636,33 @@ def test_a_folded_norm_computes_what_the_layer_computes(device, model_type):
     assert torch.equal(model(token).logits, expected)
 
 
+def test_a_step_autograd_records_runs_torchs_path_and_its_gradients(device):
+    """The custom ops have no backward: with autograd recording, every installed linear and
+    folded norm runs torch's own computation (no tuned call), so backward works and gives the
+    plain model's gradients; without it, the same install serves the calls."""
+    model = tiny_hf_model("llama")
+    token, prompt = torch.tensor([[3]]), torch.tensor([[3, 17, 5, 40]])  # q/k grads need 2+ tokens
+    export_linears_of(model, device)
+    model.requires_grad_(True)
+
+    def grads():
+        model.zero_grad(set_to_none=True)
+        model(prompt).logits.float().sum().backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    expected = grads()
+    with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=True) as handle:
+        assert handle.norms
+        got = grads()
+        assert not handle.hits()
+        with torch.no_grad():
+            model(token)
+        assert sum(handle.hits()["gemv"].values()) > 0
+    assert got.keys() == expected.keys()
+    errors = {name: rel_err(got[name], expected[name]) for name in expected}
+    assert all(e < 2e-2 for e in errors.values()), sorted(errors.items(), key=lambda kv: -kv[1])[:4]
+
+
 def test_a_norm_folds_only_where_every_projection_carries_it(device):
     """A projection whose exported config cannot carry the norm (here the dot variant) or that
     also has a gemm entry keeps its norm unfolded, with its siblings; the rest fold."""

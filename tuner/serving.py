@@ -24,6 +24,8 @@ A shape without an exported entry runs the baseline path (torch's linear / SDPA,
 experts forward): only a measured, ranked and exported config is trusted to beat what serving
 runs today. The serving path never raises into the caller: a kernel that fails runs the baseline
 instead, with one logged warning (logger "tuner.serving"), and that shape stays on the baseline.
+The custom ops have no backward: a call autograd records (grad enabled, an input requiring grad)
+runs torch's own computation, the install's routing unchanged for the calls that follow.
 Nothing compiles inside a capture: a kernel first met while a CUDA graph is being captured (not
 warmed up) runs the baseline for that capture, with one warning. In a graph replay no Python
 runs, so hit counts count eager calls and captures.
@@ -325,7 +327,10 @@ def _linear_forward(self, x):
 
 def _routed_linear(module, x, weight, bias):
     """`F.linear(x, weight, bias)` of an installed linear (or router): through tuner.linear,
-    or, compiled and without an entry of the module's structure, torch's own in the graph."""
+    or, compiled and without an entry of the module's structure, torch's own in the graph; a
+    call autograd records (the custom ops have no backward) runs torch's linear."""
+    if not no_autograd(x, weight, *(() if bias is None else (bias,))):
+        return F.linear(x, weight, bias)
     if torch.compiler.is_compiling() and not _linear_routed(module.__dict__["_tuner_linear"],
                                                             x.device.type, _route_key):
         return F.linear(x, weight, bias)  # stays in the graph: the compiler's to fuse
@@ -354,6 +359,9 @@ def _linear_routed(structure: tuple, device_type: str, route_key: str) -> bool:
 
 def _norm_linear_forward(self, x):
     norm, eps = self.__dict__["_tuner_norm"]
+    if not no_autograd(x, norm.weight, self.weight, *(() if self.bias is None else (self.bias,))):
+        # the norm's own class forward (its instance forward, folded, passes x through)
+        return F.linear(type(norm).forward(norm, x), self.weight, self.bias)
     return torch.ops.tuner.norm_linear(x, norm.weight, eps, self.weight, self.bias)
 
 
