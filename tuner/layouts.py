@@ -68,8 +68,8 @@ def moe_call_args(module, x, ids, weights, hidden: int) -> bool:
 
 
 def no_autograd(*tensors) -> bool:
-    """No autograd through the call: the custom ops have no backward."""
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    """No autograd through the call: the custom ops have no backward (None: no tensor)."""
+    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
 
 
 def decode_call_dims(query, key, value) -> bool:

@@ -20,12 +20,11 @@ tuner.runtime):
 - ``tuner.moe(x, w1, w2, topk_ids, topk_weights, block)``: the expert MLPs of one MoE block
   (tuner_kernels.moe).
 
-A shape without an exported entry runs the baseline path (torch's linear / SDPA, transformers'
-experts forward): only a measured, ranked and exported config is trusted to beat what serving
-runs today. The serving path never raises into the caller: a kernel that fails runs the baseline
-instead, with one logged warning (logger "tuner.serving"), and that shape stays on the baseline.
-The custom ops have no backward: a call autograd records (grad enabled, an input requiring grad)
-runs torch's own computation, the install's routing unchanged for the calls that follow.
+A shape without an exported entry, and a call autograd records (the ops have no backward), runs
+the baseline path (torch's linear / SDPA, transformers' experts forward): only a measured, ranked
+and exported config is trusted to beat what serving runs today. The serving path never raises
+into the caller: a kernel that fails runs the baseline instead, with one logged warning (logger
+"tuner.serving"), and that shape stays on the baseline.
 Nothing compiles inside a capture: a kernel first met while a CUDA graph is being captured (not
 warmed up) runs the baseline for that capture, with one warning. In a graph replay no Python
 runs, so hit counts count eager calls and captures.
@@ -329,11 +328,9 @@ def _routed_linear(module, x, weight, bias):
     """`F.linear(x, weight, bias)` of an installed linear (or router): through tuner.linear,
     or, compiled and without an entry of the module's structure, torch's own in the graph; a
     call autograd records (the custom ops have no backward) runs torch's linear."""
-    if not no_autograd(x, weight, *(() if bias is None else (bias,))):
-        return F.linear(x, weight, bias)
-    if torch.compiler.is_compiling() and not _linear_routed(module.__dict__["_tuner_linear"],
-                                                            x.device.type, _route_key):
-        return F.linear(x, weight, bias)  # stays in the graph: the compiler's to fuse
+    if not no_autograd(x, weight, bias) or (torch.compiler.is_compiling() and not _linear_routed(
+            module.__dict__["_tuner_linear"], x.device.type, _route_key)):
+        return F.linear(x, weight, bias)  # autograd's, or in the graph for the compiler to fuse
     return torch.ops.tuner.linear(x, weight, bias)
 
 
@@ -359,8 +356,7 @@ def _linear_routed(structure: tuple, device_type: str, route_key: str) -> bool:
 
 def _norm_linear_forward(self, x):
     norm, eps = self.__dict__["_tuner_norm"]
-    if not no_autograd(x, norm.weight, self.weight, *(() if self.bias is None else (self.bias,))):
-        # the norm's own class forward (its instance forward, folded, passes x through)
+    if not no_autograd(x, norm.weight, self.weight, self.bias):  # the norm class's own forward
         return F.linear(type(norm).forward(norm, x), self.weight, self.bias)
     return torch.ops.tuner.norm_linear(x, norm.weight, eps, self.weight, self.bias)
 
@@ -576,13 +572,8 @@ class Installed:
         """Restore the model exactly (and SDPA, and the export directory)."""
         if not self.active:
             return
-        for module in self.linears + self.routers:
-            for name in ("forward", "_tuner_linear", "_tuner_norm"):
-                module.__dict__.pop(name, None)
-        for module in self.norms:
-            module.__dict__.pop("forward", None)
-        for module in self.experts:
-            for name in ("forward", "_tuner_moe"):
+        for module in self.linears + self.routers + self.norms + self.experts:
+            for name in ("forward", "_tuner_linear", "_tuner_norm", "_tuner_moe"):
                 module.__dict__.pop(name, None)
         _moe_blocks.clear()
         if self.sdpa:
