@@ -18,7 +18,7 @@
 #      tuner ab --phase mixed (the decode step of MIXED_BATCH sequences, default 8, plus one
 #      PROMPT_TOKENS chunk) on AB_CONFIG (default shapes/examples/models/llama31_8b.json) with
 #      part 1's export, against the default baseline (AB_BASELINE names another, e.g. eager, the
-#      fastest to set up); AB_PHASES: the phases (default "prefill mixed"); AB_TIMEOUT_S
+#      fastest to set up); AB_PHASES: the phases (default "prefill mixed"; none: part 1 only); AB_TIMEOUT_S
 #      (default 165) each (worst case of the whole script
 #      about 9.5 min, typically less). At MIXED_BATCH <= 8 the decode
 #      linears are gemv calls, which part 1 does not export: only the chunk's linears are tuned.
@@ -60,6 +60,7 @@ EXPORT=$(ls -d "$W"/gemm/export/*/ 2>/dev/null | head -n 1)
 [ -n "$EXPORT" ] && mkdir -p "$OUT/export" && cp -r "$EXPORT". "$OUT/export/"
 
 for phase in ${AB_PHASES:-prefill mixed}; do
+  [ "$phase" = none ] && continue
   batch=1; [ "$phase" = mixed ] && batch=$MIXED_BATCH
   stamp "part 2: tuner ab --phase $phase --prompt-tokens $PROMPT_TOKENS --batch $batch"
   export_flag=(--export "${EXPORT:-$W/no-export}")
