@@ -377,7 +377,9 @@ def test_a_regrouped_attention_call_exports_and_resolves_as_the_served_call(load
 def test_an_m_without_an_entry_takes_the_nearest_bucket_and_the_export_says_the_rule(loader):
     """gemm entries at a decode size (m = 16) and a prefill chunk (m = 512, 2048): a call at
     m = 200 takes m = 512's entry (its power-of-two bucket 256 is one octave from 512's, four
-    from 16's) though 16 is nearer in m; m = 1500 (bucket 2048) takes 2048's; m = 24 takes 16's."""
+    from 16's) though 16 is nearer in m; m = 1500 (bucket 2048) takes 2048's; m = 24 takes 16's;
+    m = 64 (two octaves from 16's bucket and from 512's) and m = 9000 (three from 2048's) take
+    none: the baseline path."""
     from test_serving import write_export
 
     from tuner_kernels import gemm
@@ -394,6 +396,9 @@ def test_an_m_without_an_entry_takes_the_nearest_bucket_and_the_export_says_the_
     assert doc["m_bucket_rule"] == runtime.M_BUCKET_RULE == "pow2"
     assert sorted(e["m_bucket"] for e in doc["configs"].values()) == [16, 512, 2048]
     assert [runtime.m_bucket(m) for m in (1, 8, 9, 128, 129, 8192)] == [1, 8, 16, 128, 256, 8192]
-    for m, served in ((200, 512), (1500, 2048), (24, 16), (9000, 2048), (300, 512)):
+    for m, served in ((200, 512), (1500, 2048), (24, 16), (300, 512), (4096, 2048)):
         _config, key = runtime.resolve("gemm", {"m": m, **base})
         assert key.startswith(f"m={served},"), (m, key)
+    assert runtime.M_NEAREST_OCTAVES == 1
+    for m in (64, 9000):
+        assert runtime.resolve("gemm", {"m": m, **base}) == (None, None), m

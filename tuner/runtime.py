@@ -5,8 +5,8 @@ Serving code calls a family's entry point, e.g. ``tuner_kernels.gemv.linear(x, w
 
 1. the exported config for exactly this shape, else
 2. the exported config of the nearest ``m`` bucket (``M_BUCKET_RULE``: powers of two; then the
-   nearest m), or the nearest ``kv_len`` for attention, with the same other keys (n, k, dtype,
-   ...), else
+   nearest m) at most ``M_NEAREST_OCTAVES`` buckets away, or the nearest ``kv_len`` for
+   attention, with the same other keys (n, k, dtype, ...), else
 3. ``None``: no measurement says a Triton config beats the path serving uses today, so the entry
    point runs that path (torch's linear / matmul / SDPA). On the H200 the families' untuned
    default configs were slower than torch on several decode shapes (BENCHMARKS.md), so falling back
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_ROOT", "MANIFEST", "MAX_EXPORT_BYTES", "M_BUCKET_RULE",
-           "NEAREST_KEYS", "m_bucket",
+           "M_NEAREST_OCTAVES", "NEAREST_KEYS", "m_bucket",
            "LoadedExport", "config_for", "current_identity", "default_config", "detect_identity",
            "device_key_for", "entry_problem", "export_dir", "has_entries", "hit_counts",
            "matching_configs",
@@ -329,6 +329,11 @@ NEAREST_KEYS = ("m", "kv_len")  # the dimension that varies call to call, per fa
 # entry of its own: the entry of the nearest bucket (in octaves), then the nearest m, then the
 # smaller m.
 M_BUCKET_RULE = "pow2"
+# how far from its own bucket an entry serves: one octave (half or twice its bucket). Further is a
+# miss, the baseline path: on an H100 the m = 128 entry of Llama-3.1-8B's down projection (4096 x
+# 14336) serving the m = 512 calls of a prefill ran them at 147.7 us against cuBLAS's 80 us and
+# took the step from 14526 to 16647 us (BENCHMARKS.md, GEMM at prefill sizes)
+M_NEAREST_OCTAVES = 1
 
 
 def m_bucket(m: int) -> int:
@@ -383,8 +388,12 @@ def _resolve(family: str, shape: dict) -> tuple[dict | None, str | None]:
     if vary is not None:
         rest = tuple(item for item in wanted if item[0] != vary)
         candidates = loaded.by_rest.get(rest)
+        value = int(shape[vary])
+        if candidates and vary == "m":
+            octave = m_bucket(value).bit_length()
+            candidates = [c for c in candidates
+                          if abs(m_bucket(c[0]).bit_length() - octave) <= M_NEAREST_OCTAVES]
         if candidates:
-            value = int(shape[vary])
             _, key, config = min(candidates, key=_nearest_key(vary, value))
             return config, key
     if family == "attention":
