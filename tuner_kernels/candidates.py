@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from .common import cdiv, pow2_at_least
+from .common import cdiv, column_group, pow2_at_least
 from .common import sm_count as device_sm_count
 
 __all__ = ["candidate_configs", "column_group", "split_counts"]
@@ -172,14 +172,6 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
             configs += [{**c, "SPLIT_K": s, "REDUCE_LAST": 0}
                         for s in split_counts(tiles, k, c["BLOCK_K"], 4, sms, splits)]
     return configs
-
-
-def column_group(m: int, block_m: int) -> int:
-    """The GROUP_M that walks every row tile of a weight column tile before the next column
-    (the m-fastest tile order; search_spaces/gemm.yaml keeps only the smallest such value),
-    capped at 8 row tiles; 1 where there is one row tile."""
-    tiles = cdiv(m, block_m)
-    return 1 if tiles <= 1 else min(8, pow2_at_least(tiles))
 
 
 def _balanced(family: str, shape: dict, raw: list[dict], sms: int) -> list[dict]:

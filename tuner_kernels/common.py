@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 __all__ = [
-    "DTYPES", "CompileReport", "KernelCall", "cdiv", "compile_call", "compile_configs",
+    "DTYPES", "CompileReport", "KernelCall", "cdiv", "column_group", "compile_call", "compile_configs",
     "fix_interpreter", "interpreting", "launch_options", "pow2_at_least", "row_value",
     "run_without_interpreter", "sm_count", "split_counters", "store_split", "tensor_backend",
 ]
@@ -404,3 +404,11 @@ def run_without_interpreter(function: str, request: dict):
     if proc.returncode != 0:
         raise RuntimeError(f"compile child failed: {proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def column_group(m: int, block_m: int) -> int:
+    """The GROUP_M that walks every row tile of a weight column tile before the next column
+    (the m-fastest tile order; search_spaces/gemm.yaml keeps only the smallest such value),
+    capped at 8 row tiles; 1 where there is one row tile."""
+    tiles = cdiv(m, block_m)
+    return 1 if tiles <= 1 else min(8, pow2_at_least(tiles))

@@ -41,9 +41,8 @@ import triton
 import triton.language as tl
 
 from tuner_kernels import COMMON_SOURCES, KernelFamily, format_shape_key, skinny
-from tuner_kernels.common import (DTYPES, KernelCall, launch_options, pow2_at_least,
+from tuner_kernels.common import (DTYPES, KernelCall, column_group, launch_options, pow2_at_least,
                             row_value, sm_count, split_counters, store_split, tensor_backend)
-from tuner_kernels.candidates import column_group
 from tuner_kernels.cost import gemm_cost
 
 __all__ = ["FAMILY", "LAYOUTS", "REDUCE_BLOCK", "baseline", "bytes_moved", "default_config",
