@@ -228,7 +228,7 @@ def test_the_tiled_prefill_configs_have_m_fastest_twins(m):
     order (GROUP_M 1) has a twin that walks every row tile of a weight column tile first
     (GROUP_M = the row tiles), valid in the cuda space, which keeps only that smallest value of
     the m-fastest order."""
-    from tuner_kernels.candidates import column_group
+    from tuner_kernels.common import column_group
 
     space = space_for("gemm", "cuda")
     shape = _shape(m, 28672, 4096)

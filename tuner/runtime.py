@@ -343,14 +343,17 @@ def m_bucket(m: int) -> int:
     return pow2_at_least(int(m))
 
 
+def _octaves(m: int, other: int) -> int:
+    """How many buckets (M_BUCKET_RULE: octaves) apart the buckets of two m are."""
+    return abs(m_bucket(m).bit_length() - m_bucket(other).bit_length())
+
+
 def _nearest_key(vary: str, value: int):
     """Sort key of an exported (value, key, config) for a call at `value`: for m the bucket
     distance in octaves first (M_BUCKET_RULE), then the distance in m; for kv_len the
     distance; on a tie the smaller one (its tiles fit the smaller problem)."""
     if vary == "m":
-        octave = m_bucket(value).bit_length()
-        return lambda item: (abs(m_bucket(item[0]).bit_length() - octave), abs(item[0] - value),
-                             item[0])
+        return lambda item: (_octaves(item[0], value), abs(item[0] - value), item[0])
     return lambda item: (abs(item[0] - value), item[0])
 
 
@@ -388,14 +391,11 @@ def _resolve(family: str, shape: dict) -> tuple[dict | None, str | None]:
     if vary is not None:
         rest = tuple(item for item in wanted if item[0] != vary)
         candidates = loaded.by_rest.get(rest)
-        value = int(shape[vary])
-        if candidates and vary == "m":
-            octave = m_bucket(value).bit_length()
-            candidates = [c for c in candidates
-                          if abs(m_bucket(c[0]).bit_length() - octave) <= M_NEAREST_OCTAVES]
         if candidates:
-            _, key, config = min(candidates, key=_nearest_key(vary, value))
-            return config, key
+            value = int(shape[vary])
+            nearest, key, config = min(candidates, key=_nearest_key(vary, value))
+            if vary != "m" or _octaves(nearest, value) <= M_NEAREST_OCTAVES:
+                return config, key
     if family == "attention":
         return _repeated_kv_entry(shape)
     return None, None

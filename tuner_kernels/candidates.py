@@ -21,7 +21,7 @@ import math
 from .common import cdiv, column_group, pow2_at_least
 from .common import sm_count as device_sm_count
 
-__all__ = ["candidate_configs", "column_group", "split_counts"]
+__all__ = ["candidate_configs", "split_counts"]
 
 GEMV_DOT_ROWS = 16  # tuner_kernels.gemv.DOT_ROWS (not imported: importing a family compiles nothing,
 # but keeps this module out of the families' way; tests/test_candidates.py checks they agree)
@@ -155,7 +155,7 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
                  ({**tiled(128, 128, 64, 8, 4, 1), "GROUP_M": group, "SCHEDULE": 1}, 0),
                  ({**tiled(128, 128, 64, 4, 4, 1), "GROUP_M": group, "SCHEDULE": 2}, 0),
                  ({**tiled(128, 256, 64, 8, 3, 0), "GROUP_M": group, "SCHEDULE": 1}, 0)]
-    # the tiled kernel's m-fastest twins: n fastest (GROUP_M 1), the programs of one wave read as
+    # the tiled kernel's m-fastest twins (common.column_group): n fastest (GROUP_M 1), the programs of one wave read as
     # many weight column tiles as there are programs, and the next row of tiles reads them again
     # from HBM (B of 28672 x 4096 is 4.7x an H200's L2); with every row tile of a weight column
     # tile side by side (the skinny kernel's grid order) the weight is read once
