@@ -402,3 +402,10 @@ def test_an_m_without_an_entry_takes_the_nearest_bucket_and_the_export_says_the_
     assert runtime.M_NEAREST_OCTAVES == 1
     for m in (64, 9000):
         assert runtime.resolve("gemm", {"m": m, **base}) == (None, None), m
+    # the m a compiled step routes (tuner.serving's decision): exactly the m that resolve serves
+    ranges = runtime.served_m_ranges("gemm", dict(base, batch=None))
+    assert ranges == [(5, 32), (129, 4096)]  # buckets 8..32 (16's); 256..2048 (512's), ..4096
+    for m in range(1, 10000):
+        served = runtime.resolve("gemm", {"m": m, **base})[0] is not None
+        assert served == any(low <= m <= high for low, high in ranges), m
+    assert runtime.served_m_ranges("gemm", dict(base, n=1024)) == []

@@ -770,6 +770,40 @@ def test_a_compiled_step_keeps_the_linears_the_export_lacks_in_the_graph(device)
     assert sum(op == "<built-in function linear>" for op in ops) == 2  # torch.nn.functional.linear
 
 
+def test_a_compiled_linear_is_routed_where_its_calls_m_is_served(device):
+    """Compiled, a linear is routed where its call's m finds an entry (within one octave): q's
+    entry at m = 8 is two octaves from calls at m = 2 and leaves q in the graph as torch's
+    linear, up's at m = 4 routes up. With dynamic shapes the same rule holds as a guard on m: the
+    step at m = 8 recompiles and routes both."""
+    model, inputs = make_model_and_inputs()
+    shapes = [s for fam, s in model_shapes() if fam == "gemv"]
+    write_export(device, [("gemv", dict(shapes[0], m=4 * BATCH)),
+                          ("gemv", dict(shapes[2], m=2 * BATCH))])
+    wider = tuple(t.repeat(4, *(1,) * (t.dim() - 1)) for t in inputs)  # m = 8
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def routed():
+        ops = [str(n.target) for n in graphs[-1].graph.nodes if n.op == "call_function"]
+        return (sum("tuner.linear" in op for op in ops),
+                sum(op == "<built-in function linear>" for op in ops))
+
+    with serving.installed(model, export_dir=device / "nvidia-h200", families=("gemv",)) as h:
+        eager, eager_wider = model(*inputs), model(*wider)
+        assert sum(h.misses()["gemv"].values()) == 3 + 2  # o, down; and q at m = 2
+        for dynamic in (False, True):
+            torch._dynamo.reset()
+            step = torch.compile(model, fullgraph=True, backend=backend, dynamic=dynamic)
+            assert torch.equal(step(*inputs), eager)
+            assert routed() == (1, 3), dynamic
+        assert torch.equal(step(*wider), eager_wider)
+        assert routed() == (2, 2)
+    torch._dynamo.reset()
+
+
 def test_the_compiled_routing_reads_the_installed_families_and_the_call_structure(device):
     """A gemv export installed with families=("gemm",) routes no linear (compiled); a gemm entry
     of another layout or a batched one does not route a linear either (its calls look up NT,

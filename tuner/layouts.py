@@ -6,8 +6,9 @@ computes, read without running it (stateless; serving decides what to route from
   modules of their own, and `LinearOnWeight`, the torch function mode that reaches their GEMM;
 - `norm_folds`: a decoder layer's RMSNorms and the projections that alone read their output (the
   norms `tuner.serving.install` folds into tuner.norm_linear);
-- `linear_structure`, `linear_lookup_parts`, `gemv_shape`: an nn.Linear's structure and the parts
-  of the gemv / gemm shapes its calls look up in an export;
+- `linear_structure`, `linear_lookup_parts`, `gemv_shape`, `linear_call_shape`: an nn.Linear's
+  structure, the parts of the gemv / gemm shapes its calls look up in an export, and the family
+  and shape one call of m rows looks up;
 - `hf_structure`, `plain_kwargs`, `decode_mask`: an attention module's head structure, whether
   the keyword arguments of an attention call leave SDPA's result unchanged, and whether its mask
   is one the decode kernel reads; `hf_attention_interface`: transformers' attention registry, if
@@ -23,11 +24,11 @@ import sys
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FOLD_LAYERS", "HF_PLAIN_KWARGS", "MODES_TRACE", "LinearOnWeight", "decode_mask",
-           "decode_call_dims", "gemv_shape", "hf_attention_interface", "hf_structure",
-           "linear_lookup_parts", "linear_structure", "moe_call_args", "moe_call_shape",
-           "moe_layout", "moe_routers", "no_autograd", "norm_folds", "plain_kwargs",
-           "rms_norm_eps"]
+__all__ = ["FOLD_LAYERS", "GEMV_MAX_ROWS", "HF_PLAIN_KWARGS", "MODES_TRACE", "LinearOnWeight",
+           "decode_mask", "decode_call_dims", "gemv_shape", "hf_attention_interface",
+           "hf_structure", "linear_call_shape", "linear_lookup_parts", "linear_structure",
+           "moe_call_args", "moe_call_shape", "moe_layout", "moe_routers", "no_autograd",
+           "norm_folds", "plain_kwargs", "rms_norm_eps"]
 
 
 def moe_layout(module) -> tuple[int, int, int] | None:
@@ -238,6 +239,18 @@ def gemv_shape(m: int, n: int, k: int, dtype, bias) -> dict:
     if bias is not None:
         shape["bias"] = 1
     return shape
+
+
+GEMV_MAX_ROWS = 8  # tuner_kernels.gemv serves m <= 8; more rows are gemm's
+
+
+def linear_call_shape(m: int, n: int, k: int, dtype, bias) -> tuple[str, dict]:
+    """The family and shape a linear call of m rows looks up (tuner.serving.linear): gemv's at
+    m <= GEMV_MAX_ROWS, else an unbatched NT gemm shape (no bias key: bias is added after it)."""
+    if m <= GEMV_MAX_ROWS:
+        return "gemv", gemv_shape(m, n, k, dtype, bias)
+    return "gemm", {"m": int(m), "n": int(n), "k": int(k),
+                    "dtype": str(dtype).removeprefix("torch."), "layout": "NT"}
 
 
 def linear_structure(module: torch.nn.Module) -> tuple:

@@ -46,7 +46,7 @@ __all__ = ["EXPORT_FORMAT", "EXPORT_ROOT", "MANIFEST", "MAX_EXPORT_BYTES", "M_BU
            "M_NEAREST_OCTAVES", "NEAREST_KEYS", "m_bucket",
            "LoadedExport", "config_for", "current_identity", "default_config", "detect_identity",
            "device_key_for", "entry_problem", "export_dir", "has_entries", "hit_counts",
-           "matching_configs",
+           "matching_configs", "served_m_ranges",
            "kernel_hash", "load_family", "lookup", "manifest_problems", "mismatches",
            "miss_counts", "normalize_value", "read_export", "reset", "resolve", "resolved",
            "shape_tuple", "space_backend", "status"]
@@ -423,23 +423,51 @@ def matching_configs(family: str, fixed: dict | None = None) -> list[dict]:
     KV length; a linear's n, k and dtype, whatever its m; None or {}: every entry), counting,
     for attention, the repeated-KV form of a grouped call as `resolve` does. Never raises ([])."""
     try:
-        entries = _loaded(family).entries
-        fixed = {k: normalize_value(v) for k, v in (fixed or {}).items()}
-        wanted = [fixed]
-        if (family == "attention" and "heads" in fixed and "kv_heads" in fixed
-                and int(fixed["kv_heads"]) < int(fixed["heads"])):
-            wanted.append({**fixed, "kv_heads": fixed["heads"]})
-        found = []
-        for items, (_key, config) in entries.items():
-            shape = dict(items)
-            if any(all(shape.get(k) == v for k, v in part.items()) and (
-                    i == 0 or int(config.get("HEADS_PER_BLOCK", 1)) == 1)
-                   for i, part in enumerate(wanted)):
-                found.append(dict(config))  # a copy: the loaded entry stays as it is
-        return found
+        return [dict(config) for _shape, config in _matching(family, fixed)]  # copies
     except Exception as exc:  # noqa: BLE001 - never into the serving process
         _lookup_failed(family, exc)
         return []
+
+
+def served_m_ranges(family: str, fixed: dict | None = None) -> list[tuple[int, int]]:
+    """The ranges of m, (low, high) inclusive, merged and ascending, at which a call of a shape
+    agreeing with `fixed` (`matching_configs`, without m) finds an entry: `resolve`'s rule, m
+    within M_NEAREST_OCTAVES buckets of an entry's. Never raises ([])."""
+    try:
+        spans = []
+        for shape, _config in _matching(family, fixed):
+            if "m" in shape:  # bucket 2 ** (bits - 1) holds m in (2 ** (bits - 2), 2 ** (bits - 1)]
+                bits = m_bucket(shape["m"]).bit_length()
+                low, high = max(1, bits - M_NEAREST_OCTAVES), bits + M_NEAREST_OCTAVES
+                spans.append((1 if low == 1 else 2 ** (low - 2) + 1, 2 ** (high - 1)))
+        merged: list[tuple[int, int]] = []
+        for low, high in sorted(spans):
+            if merged and low <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+            else:
+                merged.append((low, high))
+        return merged
+    except Exception as exc:  # noqa: BLE001 - never into the serving process
+        _lookup_failed(family, exc)
+        return []
+
+
+def _matching(family: str, fixed: dict | None) -> list[tuple[dict, dict]]:
+    """(shape, config) of the entries `matching_configs` describes (the loaded config itself)."""
+    entries = _loaded(family).entries
+    fixed = {k: normalize_value(v) for k, v in (fixed or {}).items()}
+    wanted = [fixed]
+    if (family == "attention" and "heads" in fixed and "kv_heads" in fixed
+            and int(fixed["kv_heads"]) < int(fixed["heads"])):
+        wanted.append({**fixed, "kv_heads": fixed["heads"]})
+    found = []
+    for items, (_key, config) in entries.items():
+        shape = dict(items)
+        if any(all(shape.get(k) == v for k, v in part.items()) and (
+                i == 0 or int(config.get("HEADS_PER_BLOCK", 1)) == 1)
+               for i, part in enumerate(wanted)):
+            found.append((shape, config))
+    return found
 
 
 def has_entries(family: str, fixed: dict | None = None) -> bool:

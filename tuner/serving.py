@@ -30,7 +30,7 @@ warmed up) runs the baseline for that capture, with one warning. In a graph repl
 runs, so hit counts count eager calls and captures.
 
 `install` gives modules an instance ``forward`` (uninstall deletes it; no parameter is touched):
-every nn.Linear calls ``tuner.linear`` (compiled: one the export has an entry of); with
+every nn.Linear calls ``tuner.linear`` (compiled: a call the export serves); with
 fold_norms, a decoder layer's RMSNorm whose projections the export serves with norm-capable
 configs passes its input through and those projections call ``tuner.norm_linear``
 (tuner.layouts.norm_folds); with "moe", the experts module of every MoE block whose stored
@@ -60,8 +60,9 @@ import torch
 import torch.nn.functional as F
 
 from . import runtime
-from .layouts import (FOLD_LAYERS, MODES_TRACE, LinearOnWeight, decode_call_dims, decode_mask,
-                      gemv_shape, hf_attention_interface, hf_structure, linear_lookup_parts,
+from .layouts import (FOLD_LAYERS, GEMV_MAX_ROWS, MODES_TRACE, LinearOnWeight, decode_call_dims,
+                      decode_mask, gemv_shape, hf_attention_interface, hf_structure,
+                      linear_call_shape, linear_lookup_parts,
                       linear_structure, moe_call_args, moe_call_shape, moe_layout, moe_routers,
                       no_autograd, norm_folds, plain_kwargs, rms_norm_eps)
 
@@ -70,7 +71,6 @@ __all__ = ["FOLD_LAYERS", "Installed", "decode_attention", "install", "installed
 
 log = logging.getLogger("tuner.serving")
 
-GEMV_MAX_ROWS = 8  # tuner_kernels.gemv serves m <= 8; more rows are gemm's
 DTYPES = (torch.bfloat16, torch.float16)
 FAMILIES = ("gemv", "gemm", "attention", "moe")
 
@@ -91,10 +91,6 @@ def _warn_once(key: tuple, message: str, *args) -> None:
 
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-def _runs_kernels(t: torch.Tensor) -> bool:
-    return _runs_on(t.device.type)
 
 
 def _runs_on(device_type: str) -> bool:
@@ -146,21 +142,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if not rows:
         return F.linear(x, weight, bias)
     k, n = int(x.shape[-1]), int(weight.shape[0])
-    dtype = str(x.dtype).removeprefix("torch.")
 
     def baseline():
         return F.linear(x, weight, bias)
 
     x2 = x.reshape(rows, k)
-    if rows <= GEMV_MAX_ROWS:
+    family, shape = linear_call_shape(rows, n, k, x.dtype, bias)
+    if family == "gemv":
         from tuner_kernels import gemv
 
-        out = _tuned("gemv", gemv_shape(rows, n, k, x.dtype, bias),
-                     lambda config: gemv.gemv(x2, weight, config, bias=bias), baseline)
+        out = _tuned("gemv", shape, lambda config: gemv.gemv(x2, weight, config, bias=bias),
+                     baseline)
     else:
         from tuner_kernels import gemm
-
-        shape = {"m": rows, "n": n, "k": int(k), "dtype": dtype, "layout": "NT"}
 
         def launch(config):
             a = x2 if x2.stride(-1) == 1 else x2.contiguous()
@@ -179,7 +173,7 @@ def _linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     rows = x.numel() // k if k else 0
     if (rows < 1 or weight.dim() != 2 or weight.shape[1] != k or weight.dtype != x.dtype
             or x.dtype not in DTYPES or (bias is not None and bias.dtype != x.dtype)
-            or not _runs_kernels(x)):
+            or not _runs_on(x.device.type)):
         return 0
     return rows
 
@@ -228,8 +222,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             return attention.baseline(dict(inputs, baseline_kv_heads=q3.shape[1]))
         return attention.baseline(inputs)
 
-    if (q.dtype not in DTYPES or not _runs_kernels(q) or k.stride(-1) != 1 or v.stride(-1) != 1
-            or q3.dim() != 3 or k.dim() != 4 or q3.shape[1] % k.shape[1]):
+    if (q.dtype not in DTYPES or not _runs_on(q.device.type) or k.stride(-1) != 1
+            or v.stride(-1) != 1 or q3.dim() != 3 or k.dim() != 4 or q3.shape[1] % k.shape[1]):
         out = baseline()
     else:
         shape = {"batch": int(q3.shape[0]), "heads": int(q3.shape[1]), "kv_heads": int(k.shape[1]),
@@ -262,7 +256,7 @@ def moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Ten
 
 def _moe_served(x, w1, w2, topk_ids, topk_weights) -> bool:
     """Whether the kernel can take the call at all (dtypes, devices, dimensions)."""
-    return (x.dtype in DTYPES and w1.dtype == x.dtype and w2.dtype == x.dtype and _runs_kernels(x)
+    return (x.dtype in DTYPES and w1.dtype == w2.dtype == x.dtype and _runs_on(x.device.type)
             and x.dim() == 2 and w1.dim() == 3 and w2.dim() == 3 and topk_ids.dim() == 2
             and topk_ids.shape[0] == x.shape[0] and topk_weights.shape == topk_ids.shape
             and not topk_ids.dtype.is_floating_point and topk_weights.dtype.is_floating_point
@@ -328,8 +322,9 @@ def _routed_linear(module, x, weight, bias):
     """`F.linear(x, weight, bias)` of an installed linear (or router): through tuner.linear,
     or, compiled and without an entry of the module's structure, torch's own in the graph; a
     call autograd records (the custom ops have no backward) runs torch's linear."""
-    if not no_autograd(x, weight, bias) or (torch.compiler.is_compiling() and not _linear_routed(
-            module.__dict__["_tuner_linear"], x.device.type, _route_key)):
+    if not no_autograd(x, weight, bias) or (torch.compiler.is_compiling() and not any(
+            low * x.shape[-1] <= x.numel() <= high * x.shape[-1] for low, high in _linear_routed(
+                module.__dict__["_tuner_linear"], x.device.type, _route_key))):
         return F.linear(x, weight, bias)  # autograd's, or in the graph for the compiler to fuse
     return torch.ops.tuner.linear(x, weight, bias)
 
@@ -340,18 +335,23 @@ def _router_forward(self, *args, **kwargs):  # the class's own, its logits GEMM 
 
 
 @torch.compiler.assume_constant_result
-def _linear_routed(structure: tuple, device_type: str, route_key: str) -> bool:
-    """The compiled step's decision for one nn.Linear, as `_attention_routed`: whether the
-    export has a gemv or gemm entry of `structure` (tuner.layouts.linear_lookup_parts; any m).
-    A linear without one is traced as torch's linear, for the compiler to fuse its neighbours
-    into (an opaque op running torch's linear cost the Llama-3.1-8B batch-1 max-autotune step
-    148 µs on its q/o projections, BENCHMARKS.md); eagerly every linear goes through the op."""
+def _linear_routed(structure: tuple, device_type: str, route_key: str) -> tuple:
+    """The compiled step's decision for one nn.Linear, as `_attention_routed`: the ranges of rows,
+    ((low, high), ...), at which the export serves its calls (gemv's up to GEMV_MAX_ROWS, gemm's
+    above; within one octave of an entry: tuner.runtime.served_m_ranges), compared with a call's
+    rows in the traced code (a guard where shapes are dynamic). Any other call is traced as
+    torch's linear, for the compiler to fuse its neighbours into (an opaque op running torch's
+    linear cost the Llama-3.1-8B batch-1 max-autotune step 148 µs on its q/o projections,
+    BENCHMARKS.md); eagerly every linear goes through the op."""
     del route_key  # (it names the families `_enabled` holds)
     if not _runs_on(device_type):
-        return False
+        return ()
     gemv, gemm = linear_lookup_parts(structure)
-    return (("gemv" in _enabled and runtime.has_entries("gemv", gemv))
-            or ("gemm" in _enabled and runtime.has_entries("gemm", gemm)))
+    most = GEMV_MAX_ROWS
+    return tuple([(low, min(high, most)) for low, high in runtime.served_m_ranges("gemv", gemv)
+                  if "gemv" in _enabled and low <= most]
+                 + [(max(low, most + 1), high) for low, high in runtime.served_m_ranges(
+                     "gemm", gemm) if "gemm" in _enabled and high > most])
 
 
 def _norm_linear_forward(self, x):
@@ -401,7 +401,7 @@ def _moe_call(module, x, ids, weights) -> bool:
             structure = (("experts", experts), ("topk", int(ids.shape[1])), ("hidden", hidden),
                          ("inter", inter), ("dtype", dtype))
             return _moe_routed(structure, x.device.type, _route_key)
-        if not _runs_kernels(x):
+        if not _runs_on(x.device.type):
             return False
         shape = moe_call_shape(x, module.gate_up_proj, ids)
         if ("moe", tuple(shape.items())) in _failed:
