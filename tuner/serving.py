@@ -45,7 +45,8 @@ shape, on the model's own grouped KV cache (no repeat_kv copy; tuner.runtime ser
 entry of its repeated-KV form, the shape a baseline trace records); every other call to the
 caller's own SDPA, unchanged. Under torch.compile the routing decisions are constants of the
 install (`_linear_routed`, `_attention_routed`, `_moe_routed`): the step recompiles once when
-installing, not per call, and traces with dynamic shapes; the op resolves each call's shape.
+installing, not per call, and traces with dynamic shapes (a linear's served m ranges are guards
+on m); the op resolves each call's shape.
 """
 from __future__ import annotations
 
