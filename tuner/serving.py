@@ -152,8 +152,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if family == "gemv":
         from tuner_kernels import gemv
 
-        out = _tuned("gemv", shape, lambda config: gemv.gemv(x2, weight, config, bias=bias),
-                     baseline)
+        out = _tuned(family, shape, lambda c: gemv.gemv(x2, weight, c, bias=bias), baseline)
     else:
         from tuner_kernels import gemm
 
@@ -321,8 +320,8 @@ def _linear_forward(self, x):
 
 def _routed_linear(module, x, weight, bias):
     """`F.linear(x, weight, bias)` of an installed linear (or router): through tuner.linear,
-    or, compiled and without an entry of the module's structure, torch's own in the graph; a
-    call autograd records (the custom ops have no backward) runs torch's linear."""
+    or, compiled and at an m the export does not serve (`_linear_routed`), torch's own in the
+    graph; a call autograd records (the custom ops have no backward) runs torch's linear."""
     if not no_autograd(x, weight, bias) or (torch.compiler.is_compiling() and not any(
             low * x.shape[-1] <= x.numel() <= high * x.shape[-1] for low, high in _linear_routed(
                 module.__dict__["_tuner_linear"], x.device.type, _route_key))):
@@ -338,21 +337,22 @@ def _router_forward(self, *args, **kwargs):  # the class's own, its logits GEMM 
 @torch.compiler.assume_constant_result
 def _linear_routed(structure: tuple, device_type: str, route_key: str) -> tuple:
     """The compiled step's decision for one nn.Linear, as `_attention_routed`: the ranges of rows,
-    ((low, high), ...), at which the export serves its calls (gemv's up to GEMV_MAX_ROWS, gemm's
-    above; within one octave of an entry: tuner.runtime.served_m_ranges), compared with a call's
-    rows in the traced code (a guard where shapes are dynamic). Any other call is traced as
-    torch's linear, for the compiler to fuse its neighbours into (an opaque op running torch's
-    linear cost the Llama-3.1-8B batch-1 max-autotune step 148 µs on its q/o projections,
-    BENCHMARKS.md); eagerly every linear goes through the op."""
+    ((low, high), ...), at which the export serves its calls (tuner.runtime.served_m_ranges: within
+    one octave of an entry), compared with a call's rows in the traced code (a guard where shapes
+    are dynamic). Any other call is traced as torch's linear, for the compiler to fuse its
+    neighbours into (an opaque op running torch's linear cost the Llama-3.1-8B batch-1
+    max-autotune step 148 µs on its q/o projections, BENCHMARKS.md); eagerly every linear goes
+    through the op."""
     del route_key  # (it names the families `_enabled` holds)
     if not _runs_on(device_type):
         return ()
     gemv, gemm = linear_lookup_parts(structure)
-    most = GEMV_MAX_ROWS
-    return tuple([(low, min(high, most)) for low, high in runtime.served_m_ranges("gemv", gemv)
-                  if "gemv" in _enabled and low <= most]
-                 + [(max(low, most + 1), high) for low, high in runtime.served_m_ranges(
-                     "gemm", gemm) if "gemm" in _enabled and high > most])
+    cut = GEMV_MAX_ROWS  # gemv's calls have at most this many rows, gemm's more
+    ranges = [(low, min(high, cut)) for low, high in runtime.served_m_ranges("gemv", gemv)
+              if "gemv" in _enabled and low <= cut]
+    ranges += [(max(low, cut + 1), high) for low, high in runtime.served_m_ranges("gemm", gemm)
+               if "gemm" in _enabled and high > cut]
+    return tuple(ranges)
 
 
 def _norm_linear_forward(self, x):
