@@ -414,6 +414,59 @@ def test_the_baseline_steps_repeated_call_projects_the_entry_the_tuned_step_serv
     runtime.reset()
 
 
+def test_the_projection_splits_its_error_into_the_baselines_and_the_candidates(monkeypatch,
+                                                                                tmp_path):
+    """rank timed max-autotune's kernels alone at 5.0 us a call and the candidates at 4.0
+    (write_export). In the step (as on the H200, Qwen3-8B batch 1: another compile draw, an
+    RMSNorm fused into one) the k/v baseline kernel took 3.65 us and the down one 10.0, the
+    tuned kernels 3.81 and 4.1. rank projects 108 us; against the step's own baseline kernels
+    the export projects 190.8, which the measured 180 is near: the baseline's error, not the
+    candidates' (their 432 us alone took 437.9 in the step)."""
+    from test_serving import IDENTITY, write_export
+
+    monkeypatch.setattr(runtime, "current_identity", lambda: dict(IDENTITY))
+    monkeypatch.delenv("TUNER_EXPORT_DIR", raising=False)
+    write_export(tmp_path / "export", [
+        ("gemv", {"m": 1, "n": 1024, "k": 4096, "dtype": "bfloat16"}),
+        ("gemv", {"m": 1, "n": 4096, "k": 12288, "dtype": "bfloat16"})])
+
+    def row(n, k, calls, us, **over):
+        return {"op": "aten::mm", "family": "gemm", "phase": "decode", "m": 1, "n": n, "k": k,
+                "batch": 1, "dtype": "bfloat16", "layout": "NT", "calls_per_step": calls,
+                "us_per_call": us, "kernels": "triton_red_fused_mm", "step_us": 5281.6,
+                "step_gpu_us": 5200.0, **over}
+
+    base = [row(1024, 4096, 72.0, 3.65), row(4096, 12288, 36.0, 10.0)]
+    tuned = [row(1024, 4096, 72.0, 3.81, op="tuner::linear", kernels="_gemv_kernel"),
+             row(4096, 12288, 36.0, 4.1, op="tuner::linear", kernels="_gemv_kernel")]
+    kv, down = "m=1,n=1024,k=4096", "m=1,n=4096,k=12288"
+    alone: dict = {}
+    projected = ab.projected_savings(tmp_path / "export" / "nvidia-h200", base, tuned,
+                                     alone=alone)
+    assert projected == {kv: pytest.approx(72.0), down: pytest.approx(36.0)}
+    assert alone == {kv: {"baseline_us": pytest.approx(360.0), "candidate_us": pytest.approx(288.0)},
+                     down: {"baseline_us": pytest.approx(180.0),
+                            "candidate_us": pytest.approx(144.0)}}
+    v = abv.decide(recorded(base=5281.6, tuned=5101.6, aa=5281.6), label="x",
+                   tables={"baseline": base, "tuned": tuned}, projected=projected, alone=alone)
+    rows = {r["shape"]: r for r in v.attribution}
+    assert rows[kv]["alone_baseline_us"] == pytest.approx(360.0)
+    assert rows[down]["alone_tuned_us"] == pytest.approx(144.0)
+    assert v.measured_over_projected == pytest.approx(180.0 / 108.0, rel=1e-3)
+    assert v.step_projected_us == pytest.approx(72 * 3.65 - 288.0 + 360.0 - 144.0)
+    assert v.measured_over_step_projected == pytest.approx(180.0 / 190.8, rel=1e-3)
+    split = abv.projection_split(v)
+    assert "baseline kernels took 622.8 µs a step here against 540.0" in split
+    assert "tuned kernels 421.9 against 432.0" in split
+    assert "the export projects 190.8 µs (measured/projected 0.94)" in abv.markdown(v)
+    assert any(line.startswith("  split ") and "190.8 us" in line for line in abv.summary_lines(v))
+    assert v.to_json()["measured_over_step_projected"] == pytest.approx(0.943, abs=1e-3)
+    # no shape projected (no export): no split
+    plain = abv.decide(recorded(), label="x", tables={"baseline": base, "tuned": tuned})
+    assert abv.projection_split(plain) == "" and "Projection split" not in abv.markdown(plain)
+    runtime.reset()
+
+
 def test_the_export_projects_its_moe_saving_at_the_nearest_m(monkeypatch, tmp_path):
     """The moe.json entry at m = 16 serves the step's m = 12 calls (tuner.runtime's nearest m):
     its measured saving per call (write_export: 5.0 -> 4.0 us) x the step's 48 calls; a call of

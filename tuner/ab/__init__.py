@@ -20,6 +20,7 @@ diverged, crashed). Without a GPU it says what it would run and exits 2.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -183,7 +184,7 @@ def _harvest(traces: dict, topk: int | None = None) -> tuple[dict, str]:
 
 def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
                       tuned_rows: list[dict] | None = None, paths: list | None = None,
-                      entries: dict | None = None) -> dict:
+                      entries: dict | None = None, alone: dict | None = None) -> dict:
     """attribution key ('m=..,n=..,k=..', 'attention b=.. h=.. kv=.. d=..', 'moe m=.. E=..
     ...') -> the saving the export projects per step for that call: the saving per call rank
     measured for the entry serving uses (exact, else nearest m / kv_len), times the calls per
@@ -195,7 +196,10 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
     docs/harvest.md), from the tuned step's: its
     tuner::moe calls are the same calls of the same step, at the shape serving resolved.
     `entries`, where given, gets attribution key -> the export entries serving resolved that
-    call to ([{"family", "key"}], `tuner export --drop-step-losses` reads them)."""
+    call to ([{"family", "key"}], `tuner export --drop-step-losses` reads them); `alone`, where
+    given, gets attribution key -> {"baseline_us", "candidate_us"}: the baseline's and the
+    candidate's time per step as rank timed them alone (its µs per call times the step's calls),
+    what the projection is the difference of."""
     import os
 
     from tuner_kernels import get_family
@@ -208,7 +212,8 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
     try:
         return _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows or [],
                           paths if paths is not None else [],
-                          entries if entries is not None else {})
+                          entries if entries is not None else {},
+                          alone if alone is not None else {})
     finally:
         if previous is None:
             os.environ.pop("TUNER_EXPORT_DIR", None)
@@ -218,7 +223,7 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
 
 
 def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows, paths,
-               entries) -> dict:
+               entries, alone) -> dict:
     """attribution key -> the export's projected saving per step for the baseline step's calls
     (the entry each call resolves to: exact, else nearest m / kv_len, as serving resolves it;
     MoE calls: projected_savings)."""
@@ -263,7 +268,11 @@ def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows, paths
             if saving is not None:
                 paths.append(str(measured.get("baseline_path") or "eager"))
                 name = attribution_key(row)
-                out[name] = out.get(name, 0.0) + float(saving) * float(row["calls_per_step"])
+                calls = float(row["calls_per_step"])
+                out[name] = out.get(name, 0.0) + float(saving) * calls
+                timed = alone.setdefault(name, {"baseline_us": 0.0, "candidate_us": 0.0})
+                for field in timed:
+                    timed[field] += float(measured.get(field, math.nan)) * calls
     return out
 
 
@@ -437,6 +446,7 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
     projected: dict = {}
     paths: list = []
     entries: dict = {}
+    alone: dict = {}
     floors, floor_label = {}, ""
     kernels: dict = {}
     if child.ok and child.data.get("traces"):
@@ -446,7 +456,7 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
             warn(note)
         if tables.get("baseline") and export_dir:
             projected = projected_savings(export_dir, tables["baseline"],
-                                          tables.get("tuned") or [], paths, entries)
+                                          tables.get("tuned") or [], paths, entries, alone)
         if tables.get("baseline"):
             floors, floor_label = linear_floors(tables["baseline"],
                                                 str(child.data.get("device_name") or ""),
@@ -459,7 +469,7 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
     verdict = decide(child.data if child.ok else None, label=run_label,
                      crashed="" if child.ok else child.reason, tables=tables,
                      projected=projected, floors=floors, floor_profile=floor_label,
-                     projection_baselines=paths, kernels=kernels)
+                     projection_baselines=paths, kernels=kernels, alone=alone)
     if verdict.crashed and not child.ok:  # no data to name the steps: the request's
         verdict.baseline, verdict.tuned_step = baseline, own
         verdict.step_mode = step_words(baseline, s.compile)

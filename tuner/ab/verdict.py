@@ -105,6 +105,26 @@ class ABVerdict:
         return self.linear_saving_us / headroom
 
     @property
+    def step_projected_us(self) -> float:
+        """The projection against this step's own baseline kernels: over the shapes the export
+        projects, the baseline arm's kernel time in the step minus the candidates' time as rank
+        timed them alone. Where it is near the measured saving and the projection is not, the
+        projection's error is the baseline's: its kernels ran otherwise in this step than rank
+        timed them (another max-autotune draw, work fused into them, another L2 state)."""
+        rows = [r for r in self.attribution
+                if math.isfinite(float(r.get("alone_tuned_us", math.nan)))
+                and math.isfinite(float(r.get("baseline_us", math.nan)))]
+        if not rows:
+            return math.nan
+        return sum(float(r["baseline_us"]) - float(r["alone_tuned_us"]) for r in rows)
+
+    @property
+    def measured_over_step_projected(self) -> float:
+        if not (math.isfinite(self.step_projected_us) and self.step_projected_us > 0):
+            return math.nan
+        return self.saving_us / self.step_projected_us
+
+    @property
     def exit_code(self) -> int:
         return EXIT_PASS if (self.faster and self.outputs_ok and not self.crashed) else EXIT_FAIL
 
@@ -118,6 +138,8 @@ class ABVerdict:
         data = asdict(self)
         data["exit_code"] = self.exit_code
         data["measured_over_projected"] = self.measured_over_projected
+        data["step_projected_us"] = self.step_projected_us
+        data["measured_over_step_projected"] = self.measured_over_step_projected
         data["ceiling_speedup"] = self.ceiling_speedup
         data["ceiling_reached"] = self.ceiling_reached
         data["linear_saving_us"] = self.linear_saving_us
@@ -234,14 +256,17 @@ def paired_moe_keys(tables: dict) -> set:
 
 
 def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,
-                     floors: dict | None = None) -> tuple[list, dict]:
+                     floors: dict | None = None, alone: dict | None = None) -> tuple[list, dict]:
     """Per shape (m, n, k): each arm's kernel time per step and kernels per call (from the
     harvested graph replays of the arms), the measured and the projected saving.
 
     `tables`: arm -> list of ShapeTable rows as dicts (op, family, m, n, k, calls_per_step,
     us_per_call, kernels, step_gpu_us); `projected`: 'm=..,n=..,k=..' -> projected saving µs per
     step; `step_us`: arm -> its timed step (median of the timed replays; the profiled replays'
-    wall time carries the profiler's own cost, so it is not used). Returns (rows, residual) with
+    wall time carries the profiler's own cost, so it is not used); `alone`: shape -> the
+    baseline's and the candidate's µs per step as rank timed them alone ({"baseline_us",
+    "candidate_us"}: tuner.ab.projected_savings), kept as alone_baseline_us / alone_tuned_us.
+    Returns (rows, residual) with
     residual: the timed step difference split into the attributed shapes' kernels, the other
     kernels (GPU-busy time outside them) and idle / launch gaps (timed step - GPU-busy time).
     MoE calls are attributed where both arms have rows of them (paired_moe_keys); elsewhere
@@ -281,6 +306,8 @@ def attribution_rows(tables: dict, projected: dict, step_us: dict | None = None,
             "tuned_kernels": sorted(tuned["kernels"]) if tuned else [],
             "unfused": _unfused(base, tuned) if key.startswith("m=") else [],
             "measured_saving_us": measured, "projected_saving_us": proj,
+            "alone_baseline_us": (alone or {}).get(key, {}).get("baseline_us", math.nan),
+            "alone_tuned_us": (alone or {}).get(key, {}).get("candidate_us", math.nan),
             "floor_us": (floors or {}).get(key, math.nan)})
     rows.sort(key=lambda r: -(r["baseline_us"] if math.isfinite(r["baseline_us"]) else 0.0))
     residual = {}
@@ -368,12 +395,15 @@ def _ceiling(verdict: ABVerdict) -> None:
 def decide(data: dict | None, *, label: str, crashed: str = "", tables: dict | None = None,
            projected: dict | None = None, margin: float = DEFAULT_MARGIN,
            floors: dict | None = None, floor_profile: str = "",
-           projection_baselines: list | None = None, kernels: dict | None = None) -> ABVerdict:
+           projection_baselines: list | None = None, kernels: dict | None = None,
+           alone: dict | None = None) -> ABVerdict:
     """The verdict of one A/B from its recorded measurement (module docstring). `floors` (shape
     -> floor µs per step, see attribution_rows) give the linears' ceiling; it informs, it does
     not decide. `projection_baselines`: how the export's savings behind the projection were
     measured (rank's baseline_path of each entry used). `kernels` (arm -> kernel totals of its
-    profiled replays) name where the other kernels' time went (other_kernel_changes)."""
+    profiled replays) name where the other kernels' time went (other_kernel_changes). `alone`
+    (shape -> rank's alone timings per step, attribution_rows) splits the projection's error
+    into the baseline's and the candidates' (projection_split)."""
     verdict = ABVerdict(label=label, arms={}, crashed=crashed)
     if crashed or data is None:
         verdict.reasons.append(f"crashed: {crashed or 'no measurement'}")
@@ -393,7 +423,7 @@ def decide(data: dict | None, *, label: str, crashed: str = "", tables: dict | N
     if tables:
         timed = {name: arm["median_us"] for name, arm in verdict.arms.items()}
         verdict.attribution, verdict.residual = attribution_rows(tables, projected or {}, timed,
-                                                                 floors)
+                                                                 floors, alone)
         if floors:
             verdict.floor_profile = floor_profile
             _ceiling(verdict)
@@ -460,6 +490,9 @@ def summary_lines(v: ABVerdict) -> list[str]:
     out.append(f"  saving   {_f(v.saving_us, '.1f')} us/step measured, "
                f"{_f(v.projected_us, '.1f')} projected (measured/projected "
                f"{_f(v.measured_over_projected, '.2f')})" + _projection_note(v))
+    split = projection_split(v, "us")
+    if split:
+        out.append(f"  split    {split}")
     if v.context:
         out.append(f"  context  transformers' own attention (repeat_kv copy, then SDPA) "
                    f"{v.context['median_us']:.1f} us/step, {v.context['over_baseline_us']:+.1f} us "
@@ -523,6 +556,27 @@ def draw_note(v: ABVerdict) -> str:
             "(docs/ab.md)")
 
 
+def projection_split(v: ABVerdict, unit: str = "µs") -> str:
+    """Where the projection's error lies, from the shapes it projects: their baseline kernels in
+    this step against rank's alone timings of the baseline, their tuned kernels in this step
+    against rank's alone timings of the candidates, and the saving projected against this
+    step's own baseline kernels (ABVerdict.step_projected_us); '' without such shapes."""
+    rows = [r for r in v.attribution
+            if all(math.isfinite(float(r.get(f, math.nan)))
+                   for f in ("alone_baseline_us", "alone_tuned_us", "baseline_us", "tuned_us"))]
+    if not rows or not math.isfinite(v.step_projected_us):
+        return ""
+    base = sum(float(r["baseline_us"]) for r in rows)
+    base_alone = sum(float(r["alone_baseline_us"]) for r in rows)
+    tuned = sum(float(r["tuned_us"]) for r in rows)
+    tuned_alone = sum(float(r["alone_tuned_us"]) for r in rows)
+    return (f"the projected shapes' baseline kernels took {base:.1f} {unit} a step here against "
+            f"{base_alone:.1f} as rank timed them alone, their tuned kernels {tuned:.1f} against "
+            f"{tuned_alone:.1f}; against this step's own baseline kernels the export projects "
+            f"{v.step_projected_us:.1f} {unit} (measured/projected "
+            f"{_f(v.measured_over_step_projected, '.2f')})")
+
+
 def _projection_note(v: ABVerdict) -> str:
     """Where the export's savings were measured against another baseline than this A/B's."""
     paths = [p for p in v.projection_baselines if p]
@@ -553,6 +607,9 @@ def markdown(v: ABVerdict) -> str:
               f"±{_f(v.aa_margin, '.4f')}). Saving {_f(v.saving_us, '.1f')} µs/step measured, "
               f"{_f(v.projected_us, '.1f')} projected ({_f(v.measured_over_projected, '.2f')})"
               f"{_projection_note(v)}.", ""]
+    split = projection_split(v)
+    if split:
+        lines += [f"Projection split: {_sentence(split)}", ""]
     if v.context:
         lines += [f"Context (not counted as a tuner saving): transformers' own attention path, "
                   f"which copies the grouped KV cache per query head (repeat_kv) before SDPA, "
