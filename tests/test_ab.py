@@ -461,6 +461,15 @@ def test_the_projection_splits_its_error_into_the_baselines_and_the_candidates(m
     assert "the export projects 190.8 µs (measured/projected 0.94)" in abv.markdown(v)
     assert any(line.startswith("  split ") and "190.8 us" in line for line in abv.summary_lines(v))
     assert v.to_json()["measured_over_step_projected"] == pytest.approx(0.943, abs=1e-3)
+    # the A/B's report.html says it beside the projection
+    from tuner.report import write_ab_report
+    folder = tmp_path / "x-b1-max-autotune"
+    folder.mkdir()
+    (folder / "ab.json").write_text(json.dumps(v.to_json()))
+    write_ab_report(folder, out=lambda line: None)
+    assert ("against this step's own baseline kernels (the baseline's kernels in the step, less "
+            "the candidates as rank timed them alone) 190.8 projected (measured / projected 0.94)"
+            in (folder / "report.html").read_text().replace("&#x27;", "'"))
     # no shape projected (no export): no split
     plain = abv.decide(recorded(), label="x", tables={"baseline": base, "tuned": tuned})
     assert abv.projection_split(plain) == "" and "Projection split" not in abv.markdown(plain)

@@ -354,7 +354,12 @@ def _ab_block(path, ab: dict, charts_ok: bool, verdicts=None) -> str:
         parts.append(note("projection", projection_note))
     parts.append(f"<p>Saving {num(ab.get('saving_us'), '.1f')} µs per step measured, "
                  f"{num(ab.get('projected_us'), '.1f')} projected (measured / projected "
-                 f"{num(ab.get('measured_over_projected'))}).</p>")
+                 f"{num(ab.get('measured_over_projected'))})"
+                 + (f"; against this step's own baseline kernels (the baseline's kernels in the "
+                    f"step, less the candidates as rank timed them alone) "
+                    f"{num(ab['step_projected_us'], '.1f')} projected (measured / projected "
+                    f"{num(ab.get('measured_over_step_projected'))})"
+                    if ab.get("step_projected_us") is not None else "") + ".</p>")
     if ab.get("attribution") or ab.get("saving_us") is not None:
         parts.append(_chart(lambda: charts.ab_saving_figure(ab),
                             "Measured against projected saving: the whole step, then each call "
