@@ -763,7 +763,8 @@ def test_an_export_leaves_out_the_entries_whose_calls_the_whole_step_ran_slower(
     saved = {names[0]: -31.7, names[1]: 12.0, names[2]: -2.5}
     record = {"label": "tiny-b1-max-autotune", "attribution": [
         {"shape": n, "measured_saving_us": saved[n], "projected_saving_us": projected[n],
-         "export_entries": entries[n]} for n in names]}
+         "export_entries": entries[n]} for n in names],
+        "arms": {"baseline": {"median_us": 5281.6}, "tuned": {"median_us": 4612.4}}}
     ab_json = tmp_path / "ab.json"
     ab_json.write_text(json.dumps(record))
     capsys.readouterr()
@@ -772,6 +773,10 @@ def test_an_export_leaves_out_the_entries_whose_calls_the_whole_step_ran_slower(
     assert (f"not exported: gemv {gate_up_key}: the whole step (tiny-b1-max-autotune) ran its "
             f"calls m=1,n=1536,k=512 31.7 µs a step slower") in err
     assert "not exported: attention" in err
+    # what the step would take without them: the two losses (34.2 µs) back at the baseline's
+    assert ("tiny-b1-max-autotune: without those entries the tuned step would take about "
+            "4578.2 µs against the baseline's 5281.6 (1.1536×, from 4612.4 µs and 1.1451×; an "
+            "estimate from the per-shape rows: A/B the new export to measure it)") in err
     gemv = json.loads((folder / "gemv.json").read_text())["configs"]
     assert sorted(gemv) == [k for k in keys["gemv"] if k != gate_up_key]
     assert not (folder / "attention.json").exists()

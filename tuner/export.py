@@ -421,10 +421,13 @@ def step_losses(ab_paths: list[str | Path]) -> dict[tuple[str, str], str]:
                              "export entries serving each call (an older `tuner ab`): run the "
                              "A/B again")
         label = record.get("label") or Path(path).parent.name
+        lost = 0.0
         for r in rows:
             saving = r.get("measured_saving_us")
             if saving is None or not math.isfinite(float(saving)) or float(saving) >= 0:
                 continue
+            if r.get("export_entries"):
+                lost += -float(saving)
             projected = r.get("projected_saving_us")
             proj = (f", projected {float(projected):+.1f}" if projected is not None
                     and math.isfinite(float(projected)) else "")
@@ -432,7 +435,28 @@ def step_losses(ab_paths: list[str | Path]) -> dict[tuple[str, str], str]:
                 out[(str(entry["family"]), str(entry["key"]))] = (
                     f"the whole step ({label}) ran its calls {r['shape']} "
                     f"{-float(saving):.1f} µs a step slower{proj}")
+        estimate = _without_losses(record, lost)
+        if estimate:
+            info(f"{label}: {estimate}")
     return out
+
+
+def _without_losses(record: dict, lost_us: float) -> str:
+    """What an A/B's step would take without the entries whose calls it ran `lost_us` slower,
+    if those calls ran the baseline's kernels again and nothing else moved: an estimate from
+    the per-shape rows, which the confirming A/B measures; '' without the arms' times."""
+    arms = record.get("arms") or {}
+    try:
+        base = float(arms["baseline"]["median_us"])
+        tuned = float(arms["tuned"]["median_us"])
+    except (KeyError, TypeError, ValueError):
+        return ""
+    if not (lost_us > 0 and math.isfinite(base) and math.isfinite(tuned) and tuned > lost_us):
+        return ""
+    return (f"without those entries the tuned step would take about {tuned - lost_us:.1f} µs "
+            f"against the baseline's {base:.1f} ({base / (tuned - lost_us):.4f}×, from "
+            f"{tuned:.1f} µs and {base / tuned:.4f}×; an estimate from the per-shape rows: "
+            f"A/B the new export to measure it)")
 
 
 def drop_entries(verdicts: pd.DataFrame, losses: dict[tuple[str, str], str]) -> pd.DataFrame:
