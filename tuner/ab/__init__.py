@@ -271,8 +271,9 @@ def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows, paths
                 calls = float(row["calls_per_step"])
                 out[name] = out.get(name, 0.0) + float(saving) * calls
                 timed = alone.setdefault(name, {"baseline_us": 0.0, "candidate_us": 0.0})
-                for field in timed:
-                    timed[field] += float(measured.get(field, math.nan)) * calls
+                for field in timed:  # an entry without the time (null in JSON): NaN
+                    value = measured.get(field)
+                    timed[field] += (math.nan if value is None else float(value)) * calls
     return out
 
 

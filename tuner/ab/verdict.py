@@ -111,9 +111,7 @@ class ABVerdict:
         timed them alone. Where it is near the measured saving and the projection is not, the
         projection's error is the baseline's: its kernels ran otherwise in this step than rank
         timed them (another max-autotune draw, work fused into them, another L2 state)."""
-        rows = [r for r in self.attribution
-                if math.isfinite(float(r.get("alone_tuned_us", math.nan)))
-                and math.isfinite(float(r.get("baseline_us", math.nan)))]
+        rows = _alone_rows(self.attribution)
         if not rows:
             return math.nan
         return sum(float(r["baseline_us"]) - float(r["alone_tuned_us"]) for r in rows)
@@ -556,15 +554,21 @@ def draw_note(v: ABVerdict) -> str:
             "(docs/ab.md)")
 
 
+def _alone_rows(attribution: list) -> list:
+    """The attribution rows the projection split reads: both arms timed in the step and both
+    timed alone by rank (the shapes the export projects)."""
+    return [r for r in attribution
+            if all(math.isfinite(float(r.get(f, math.nan)) if r.get(f) is not None else math.nan)
+                   for f in ("alone_baseline_us", "alone_tuned_us", "baseline_us", "tuned_us"))]
+
+
 def projection_split(v: ABVerdict, unit: str = "µs") -> str:
     """Where the projection's error lies, from the shapes it projects: their baseline kernels in
     this step against rank's alone timings of the baseline, their tuned kernels in this step
     against rank's alone timings of the candidates, and the saving projected against this
     step's own baseline kernels (ABVerdict.step_projected_us); '' without such shapes."""
-    rows = [r for r in v.attribution
-            if all(math.isfinite(float(r.get(f, math.nan)))
-                   for f in ("alone_baseline_us", "alone_tuned_us", "baseline_us", "tuned_us"))]
-    if not rows or not math.isfinite(v.step_projected_us):
+    rows = _alone_rows(v.attribution)
+    if not rows:
         return ""
     base = sum(float(r["baseline_us"]) for r in rows)
     base_alone = sum(float(r["alone_baseline_us"]) for r in rows)
