@@ -9,7 +9,7 @@ by signature and phase into the ShapeTable (table.py).
 Modules: config (what is kept, as data), reading (files, header, the event stream), shapes
 (m/n/k from Input Dims), attribution, steps, graphs (capture + replay join), trace (one file ->
 TraceData), table (calls -> ShapeTable rows), files (directories, ranks, capture folders),
-pipeline (`harvest`), printing, profiling (`live`), watching (`watch`).
+pipeline (`harvest`), mlp (`--gated-mlp`: dense gated MLPs as moe rows), printing, profiling (`live`), watching (`watch`).
 """
 
 from .files import (
@@ -21,6 +21,7 @@ from .files import (
     trace_rank,
 )
 from .graphs import read_captures
+from .mlp import fold_gated_mlp
 from .pipeline import HarvestResult, check_kv_heads, check_topk, harvest
 from .printing import format_table, report, summarize
 from .profiling import live, load_callable
@@ -32,7 +33,7 @@ from .watching import watch
 
 __all__ = [
     "harvest", "HarvestResult", "check_kv_heads", "check_topk", "report", "summarize",
-    "format_table",
+    "format_table", "fold_gated_mlp",
     "read_trace", "kernel_totals", "fused_neighbours", "TraceData", "aggregate", "KEY_FIELDS",
     "resolve_inputs", "resolve_pairs", "CAPTURE_DIR", "default_output", "trace_rank",
     "is_trace_file", "read_captures",

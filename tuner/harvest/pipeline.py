@@ -11,6 +11,7 @@ from .. import shapetable
 from ..errors import TunerError
 from .files import resolve_pairs
 from .graphs import read_captures
+from .mlp import fold_gated_mlp
 from .moe import check_topk
 from .printing import report
 from .shapes import regroup_kv_heads
@@ -32,12 +33,13 @@ class HarvestResult:
     traces: list
     output: Path | None = None
     captures: list = field(default_factory=list)   # the graph capture traces joined
+    notes: list = field(default_factory=list)      # notes on the table (harvest --gated-mlp)
 
 
 def harvest(paths: list, output=None, *, rank: int | None = None, steps: int | None = None,
             phase: str | None = None, quiet: bool = False, capture: list | None = None,
             device_name: str | None = None, kv_heads: int | None = None,
-            topk: int | None = None) -> HarvestResult:
+            topk: int | None = None, gated_mlp: bool = False) -> HarvestResult:
     """Harvest one rank's trace(s) into a ShapeTable; write it when `output` is given.
 
     `capture`: the traces of the CUDA/HIP-graph captures whose replays `paths` hold (else a
@@ -47,7 +49,9 @@ def harvest(paths: list, output=None, *, rank: int | None = None, steps: int | N
     (shapes.regroup_kv_heads; a note on each trace says how many calls were read so); `topk`:
     the model's top-k (num_experts_per_tok), to read transformers' grouped-mm experts (two
     aten::_grouped_mm calls a block, rows m * topk) as one moe call each (moe.grouped_mm_calls;
-    a note on each trace says how many were read, and why any were left out).
+    a note on each trace says how many were read, and why any were left out); `gated_mlp`: read
+    each dense gated MLP's gate, up and down linear rows as one moe row of experts 1, top-k 1
+    (mlp.fold_gated_mlp; its notes, after `--gated-mlp: `, are the result's `notes`).
     """
     check_kv_heads(kv_heads)
     check_topk(topk)
@@ -63,7 +67,11 @@ def harvest(paths: list, output=None, *, rank: int | None = None, steps: int | N
                            if n else f"--kv-heads {kv_heads}: no decode attention call with as "
                            "many KV heads as query heads, a multiple of it: nothing regrouped")
     table = aggregate(traces, phase)
-    result = HarvestResult(table, traces, captures=[str(c) for c in captures])
+    notes: list = []
+    if gated_mlp:
+        table, folded = fold_gated_mlp(table)
+        notes = [f"--gated-mlp: {note}" for note in folded]
+    result = HarvestResult(table, traces, captures=[str(c) for c in captures], notes=notes)
     if output is not None:
         try:
             result.output = shapetable.write(table, output)

@@ -31,6 +31,8 @@ def report(result, top: int = 12, stream=None) -> None:
             warn(f"{Path(t.path).name}: {100 * t.gpu_unattributed_us / t.gpu_total_us:.1f}% of GPU "
                  f"time ({t.n_unattributed} kernels) has no owning op (e.g. CUDA-graph replays) "
                  f"and is in no row{hint}")
+    for note in getattr(result, "notes", []):     # on the table (harvest --gated-mlp)
+        warn(note)
     unknown = [Path(t.path).name for t in result.traces if not t.device_known]
     if unknown:
         warn(f"{', '.join(unknown)}: the trace names no GPU (deviceProperties has no name): "

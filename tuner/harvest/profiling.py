@@ -72,7 +72,8 @@ def _save(raw: Path, save: Path) -> Path:
 
 def live(target: str, steps: int, output=None, *, save_trace=None, phase: str | None = None,
          quiet: bool = False, graph: bool = False, device_name: str | None = None,
-         kv_heads: int | None = None, topk: int | None = None) -> HarvestResult:
+         kv_heads: int | None = None, topk: int | None = None,
+         gated_mlp: bool = False) -> HarvestResult:
     """Run CALLABLE `steps` times under torch.profiler (record_shapes on, one profiler step per
     call), export the trace and harvest it.
 
@@ -82,7 +83,7 @@ def live(target: str, steps: int, output=None, *, save_trace=None, phase: str | 
     DIR/capture_traces/<name>.pt.trace.json.gz (the capture), the layout `tuner harvest DIR`
     pairs. A callable with a `step_annotation` attribute (a string) runs each step inside
     record_function(step_annotation), e.g. a vLLM-style execute_context_0(0)_generation_8(8).
-    `kv_heads`, `topk`: as harvest's.
+    `kv_heads`, `topk`, `gated_mlp`: as harvest's.
     """
     import torch
 
@@ -103,12 +104,13 @@ def live(target: str, steps: int, output=None, *, save_trace=None, phase: str | 
                 replay = _save(replay, folder / f"{name}.pt.trace.json.gz")
                 capture = _save(capture, folder / CAPTURE_DIR / f"{name}.pt.trace.json.gz")
             return harvest([replay], output, phase=phase, quiet=quiet, capture=[capture],
-                           device_name=device_name, kv_heads=kv_heads, topk=topk)
+                           device_name=device_name, kv_heads=kv_heads, topk=topk,
+                           gated_mlp=gated_mlp)
         trace = _profile_calls(fn, target, steps, tmpdir / "live.pt.trace.json")
         if save_trace:
             trace = _save(trace, Path(save_trace))
         return harvest([trace], output, phase=phase, quiet=quiet, device_name=device_name,
-                       kv_heads=kv_heads, topk=topk)
+                       kv_heads=kv_heads, topk=topk, gated_mlp=gated_mlp)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
