@@ -57,13 +57,15 @@ def trace_name(trace: str | Path) -> str:
 
 
 def harvest_trace(trace: str | Path, top: int = 8, kv_heads: int | None = None,
-                  topk: int | None = None) -> pd.DataFrame:
+                  topk: int | None = None, gated_mlp: bool = False) -> pd.DataFrame:
     """Harvest the trace (tuner.harvest; `kv_heads`: its regrouping of repeated-KV decode
-    attention; `topk`: its reading of transformers' grouped-mm experts as moe calls) and print
-    its summary and top rows."""
+    attention; `topk`: its reading of transformers' grouped-mm experts as moe calls;
+    `gated_mlp`: its reading of dense gated MLPs as moe rows) and print its summary and top
+    rows."""
     from . import harvest
 
-    result = harvest.harvest([str(trace)], quiet=True, kv_heads=kv_heads, topk=topk)
+    result = harvest.harvest([str(trace)], quiet=True, kv_heads=kv_heads, topk=topk,
+                             gated_mlp=gated_mlp)
     harvest.report(result, top=top)
     return result.table
 
@@ -223,10 +225,12 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
                graph_captured: bool = False, gpu: bool | None = None, out=print,
                trials: int | None = None, objective=None, measure=None,
                kv_heads: int | None = None, compiled_baseline: bool = False,
-               baseline: str = "", topk: int | None = None) -> RunResult:
+               baseline: str = "", topk: int | None = None,
+               gated_mlp: bool = False) -> RunResult:
     """The main job. `gpu=None` detects; False forces the CPU path (harvest, budget, plan);
     `kv_heads`: the model's KV heads for harvest (`tuner harvest --kv-heads`); `topk`: the
     model's top-k for harvest (`tuner harvest --topk`: transformers' grouped-mm experts);
+    `gated_mlp`: harvest's reading of dense gated MLPs as moe rows (`tuner harvest --gated-mlp`);
     `baseline`: what rank measures the candidates against (`tuner rank --baseline`: eager,
     compile, max-autotune; `compiled_baseline` is the older name of 'compile').
 
@@ -246,7 +250,7 @@ def run_stages(trace: str | Path, *, family: str = "gemv", timeout: str | float 
     gpu = have_gpu() if gpu is None else gpu
 
     # 1. harvest
-    table = harvest_trace(trace, kv_heads=kv_heads, topk=topk)
+    table = harvest_trace(trace, kv_heads=kv_heads, topk=topk, gated_mlp=gated_mlp)
     result.shapes_path = shapetable.write(table, out_dir / "shapes.parquet")
     out(f"harvest: {len(table)} call shape(s) from {trace} -> {result.shapes_path}")
 

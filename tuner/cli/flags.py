@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_STORAGE_TEXT", "baseline_flag", "device_flag", "family_flag", "step_baseline_of",
+__all__ = ["DEFAULT_STORAGE_TEXT", "baseline_flag", "device_flag", "family_flag", "gated_mlp_flag",
+           "step_baseline_of",
            "kv_heads_flag", "min_saving_flag", "parity_flags", "storage_flag", "timeout_flag",
            "topk_flag"]
 
@@ -42,6 +43,14 @@ def topk_flag(p) -> None:
                    "transformers' grouped-mm experts (its default from 5.0: two aten::_grouped_mm "
                    "calls of m * K rows, no MoE op) is read as one moe row of m = rows / K "
                    "(docs/harvest.md)")
+
+
+def gated_mlp_flag(p) -> None:
+    p.add_argument("--gated-mlp", action="store_true",
+                   help="read each decoder layer's gate, up and down projections (two calls of "
+                   "[m, inter] from [m, hidden] and one back, a layer) as one dense gated-MLP "
+                   "call of the moe family (experts 1, top-k 1), which tuner.serving runs as one "
+                   "fused gate/up + SiLU·mul launch and a down launch (docs/harvest.md)")
 
 
 def baseline_flag(p) -> None:

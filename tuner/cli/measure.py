@@ -7,7 +7,8 @@ import sys
 
 from ..errors import TunerError
 from ..units import parse_positive, parse_share, parse_threshold
-from .flags import device_flag, family_flag, kv_heads_flag, min_saving_flag, topk_flag
+from .flags import (device_flag, family_flag, gated_mlp_flag, kv_heads_flag, min_saving_flag,
+                    topk_flag)
 
 __all__ = ["_add_harvest", "cmd_harvest", "_add_device", "cmd_device", "_add_bench", "cmd_bench",
            "_add_budget", "cmd_budget", "_add_estimate", "cmd_estimate"]
@@ -66,6 +67,7 @@ def _add_harvest(sub) -> None:
                    "MI300X'); it picks the device profile in budget")
     kv_heads_flag(p)
     topk_flag(p)
+    gated_mlp_flag(p)
     p.add_argument("--watch", metavar="DIR",
                    help="keep harvesting new trace files written into DIR into one table at -o, "
                    "until Ctrl-C")
@@ -101,10 +103,12 @@ def cmd_harvest(args) -> int:
         result = harvest.live(args.live, args.steps, out, save_trace=args.save_trace,
                               phase=args.phase, quiet=True, graph=args.graph,
                               device_name=args.device_name, kv_heads=args.kv_heads,
-                              topk=args.topk)
+                              topk=args.topk, gated_mlp=args.gated_mlp)
     elif args.watch:
         if args.kv_heads is not None:
             raise TunerError("--kv-heads goes with TRACE... or --live, not --watch")
+        if args.gated_mlp:
+            raise TunerError("--gated-mlp goes with TRACE... or --live, not --watch")
         out = args.output or Path("shapes") / f"{Path(args.watch).resolve().name}.parquet"
         harvest.watching.check_interval(args.interval)  # watch checks -o before its first poll
         harvest.watch(args.watch, out, rank=args.rank, steps=args.steps, phase=args.phase,
@@ -116,7 +120,8 @@ def cmd_harvest(args) -> int:
         check_output_file(out, "-o")  # before reading a trace
         result = harvest.harvest(files, out, rank=args.rank, steps=args.steps, phase=args.phase,
                                  quiet=True, capture=captures, device_name=args.device_name,
-                                 kv_heads=args.kv_heads, topk=args.topk)
+                                 kv_heads=args.kv_heads, topk=args.topk,
+                                 gated_mlp=args.gated_mlp)
     harvest.report(result, top=args.top)
     return 0
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from ..errors import TunerError
 from ..units import parse_duration, parse_threshold
-from .flags import (baseline_flag, device_flag, family_flag, kv_heads_flag, min_saving_flag,
-                    parity_flags, step_baseline_of, storage_flag, timeout_flag, topk_flag)
+from .flags import (baseline_flag, device_flag, family_flag, gated_mlp_flag, kv_heads_flag,
+                    min_saving_flag, parity_flags, step_baseline_of, storage_flag, timeout_flag,
+                    topk_flag)
 
 __all__ = ["_add_search", "cmd_search", "_add_rank", "cmd_rank", "_add_export", "cmd_export",
            "_add_run", "cmd_run"]
@@ -215,6 +216,7 @@ def _add_run(sub) -> None:
                    help="the batch size of the A/B (default 1; the trace's batch is the one to use)")
     kv_heads_flag(p)
     topk_flag(p)
+    gated_mlp_flag(p)
     baseline_flag(p)
     p.set_defaults(func=cmd_run)
 
@@ -229,5 +231,6 @@ def cmd_run(args) -> int:
                      parity_margin=args.parity_margin,
                      min_speedup=args.min_speedup, graph_captured=args.graph_captured,
                      trials=args.trials, ab=args.ab, ab_batch=args.ab_batch,
-                     kv_heads=args.kv_heads, baseline=step_baseline_of(args), topk=args.topk)
+                     kv_heads=args.kv_heads, baseline=step_baseline_of(args), topk=args.topk,
+                     gated_mlp=args.gated_mlp)
     return result.ab_exit or 0
