@@ -8,7 +8,7 @@ up n = I, k = H at twice the calls per step of down n = H, k = I. The moe kernel
 [2 · inter, hidden] weight in one launch and the down projection in a second: the call
 tuner.serving runs for such an MLP. `fold_gated_mlp` reads each such pair of rows as one moe row
 (m, n = inter, k = hidden, experts 1, topk 1): its calls are the down row's (one per layer and
-step), its time per call 2 x up's + down's (the GPU time of the call's three linears). The
+step), its time per call twice up's plus down's (the GPU time of the call's three linears). The
 SiLU · mul between them is no linear call: where it ran as a kernel of its own (eager) it is in
 no linear row and not counted; where a compiler fused it into a linear's kernel (Inductor: the
 down projection's `..._mm_mul_silu_...` reduction) it counts with that linear, as the trace timed
