@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from triton.runtime.interpreter import InterpretedFunction
 
 from tuner_kernels import get_family, moe
@@ -79,6 +80,25 @@ def test_the_gemv_path_matches_the_reference_in_two_launches(shape, change):
     assert not torch.isnan(out).any()
     assert rel_err(out, ref) <= 1.25 * rel_err(moe.baseline(inputs), ref) + 1e-4
     assert torch.equal(out, moe.launch(inputs, config))
+
+
+@pytest.mark.parametrize("config", [GEMV, BASE], ids=["gemv", "grouped"])
+def test_a_dense_gated_mlp_is_the_family_at_one_expert_against_transformers_mlp(config):
+    """experts 1, top-k 1 (tuner harvest --gated-mlp): the inputs route every token to expert 0
+    with weight 1, the baseline is transformers' MLP (three F.linear calls, silu · up in the
+    dtype), and both kernel paths match the fp32 reference as closely as it does."""
+    shape = {"m": 3, "experts": 1, "topk": 1, "hidden": 64, "inter": 48, "dtype": "bfloat16"}
+    assert moe.dense_mlp(shape) and not moe.dense_mlp(TINY)
+    assert space_for("moe", "cuda").check(config, shape) == ""
+    inputs = moe.make_inputs(shape, "cpu", seed=5)
+    assert torch.equal(inputs["topk_ids"], torch.zeros(3, 1, dtype=torch.int32))
+    assert torch.equal(inputs["topk_weights"], torch.ones(3, 1))
+    x, w1, w2 = inputs["x"], inputs["w1"][0], inputs["w2"][0]
+    mlp = F.linear(F.silu(F.linear(x, w1[:48])) * F.linear(x, w1[48:]), w2)
+    assert torch.equal(moe.baseline(inputs), mlp)
+    ref = moe.reference(inputs)
+    out = moe.launch(inputs, config)
+    assert rel_err(out, ref) <= 1.25 * rel_err(mlp, ref) + 1e-4
 
 
 def test_the_gemv_path_is_kept_to_decode_sizes_with_its_other_knobs_pinned():

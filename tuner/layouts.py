@@ -1,6 +1,8 @@
 """The transformers module layouts tuner.serving routes: what a module's attributes say it
 computes, read without running it (stateless; serving decides what to route from these).
 
+- `gated_mlp_layout`: a dense decoder layer's gated MLP (gate, up and down nn.Linear, SiLU), which
+  the moe kernel serves at experts 1 once its gate and up weights share one tensor;
 - `moe_layout`: a fused experts module whose stored weights the moe kernel reads as they are;
   `moe_call_shape`: the moe family's shape of one call; `moe_routers`: MoE routers that are
   modules of their own, and `LinearOnWeight`, the torch function mode that reaches their GEMM;
@@ -18,17 +20,26 @@ computes, read without running it (stateless; serving decides what to route from
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import sys
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FOLD_LAYERS", "GEMV_MAX_ROWS", "HF_PLAIN_KWARGS", "MODES_TRACE", "LinearOnWeight",
-           "decode_mask", "decode_call_dims", "gemv_shape", "hf_attention_interface",
+__all__ = ["DTYPES", "FOLD_LAYERS", "GEMV_MAX_ROWS", "HF_PLAIN_KWARGS", "MODES_TRACE", "LinearOnWeight",
+           "decode_mask", "decode_call_dims", "gated_mlp_layout", "gemv_shape", "hf_attention_interface",
            "hf_structure", "linear_call_shape", "linear_lookup_parts", "linear_structure",
-           "moe_call_args", "moe_call_shape", "moe_layout", "moe_routers", "no_autograd",
-           "norm_folds", "plain_kwargs", "rms_norm_eps"]
+           "moe_call_args", "moe_call_shape", "moe_layout", "moe_routers", "moe_tensors_fit",
+           "no_autograd",
+           "norm_folds", "plain_kwargs", "rms_norm_eps", "runs_on"]
+
+DTYPES = (torch.bfloat16, torch.float16)  # the dtypes the served kernels take
+
+
+def runs_on(device_type: str) -> bool:
+    """Triton runs on GPU tensors, and on CPU tensors under the interpreter (tests)."""
+    return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def moe_layout(module) -> tuple[int, int, int] | None:
@@ -58,6 +69,34 @@ def moe_layout(module) -> tuple[int, int, int] | None:
     return experts, hidden, two_inter // 2
 
 
+# the forward a gated MLP must have (transformers' Llama / Qwen3 / Mistral MLP), spaces removed
+_GATED_MLP_FORWARD = "self.down_proj(self.act_fn(self.gate_proj(x))*self.up_proj(x))"
+
+
+def gated_mlp_layout(module) -> tuple[int, int] | None:
+    """(hidden, inter) of a dense gated MLP, ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``
+    (its class's forward says so, word for word, as transformers' Llama / Qwen3 / Mistral MLP),
+    with SiLU and three torch nn.Linear without bias of one dtype and device: gate and up
+    [inter, hidden], down [hidden, inter]; else None."""
+    linears = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    if not all(type(lin) is torch.nn.Linear and lin.bias is None for lin in linears):
+        return None
+    act = getattr(module, "act_fn", None)
+    if not (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"):
+        return None
+    gate, up, down = (lin.weight for lin in linears)
+    inter, hidden = (int(d) for d in gate.shape)
+    if (tuple(up.shape) != (inter, hidden) or tuple(down.shape) != (hidden, inter)
+            or len({w.dtype for w in (gate, up, down)}) != 1
+            or len({w.device for w in (gate, up, down)}) != 1):
+        return None
+    try:
+        source = "".join(inspect.getsource(type(module).forward).split())
+    except (OSError, TypeError):
+        return None
+    return (hidden, inter) if _GATED_MLP_FORWARD in source else None
+
+
 def moe_call_args(module, x, ids, weights, hidden: int) -> bool:
     """Whether an experts call's arguments are what the moe kernel reads: x [m, hidden] in the
     experts' dtype, integer topk_ids [m, topk] and floating topk_weights of its shape."""
@@ -66,6 +105,18 @@ def moe_call_args(module, x, ids, weights, hidden: int) -> bool:
             and weights.shape == ids.shape and ids.shape[0] == x.shape[0]
             and x.shape[1] == hidden and not ids.dtype.is_floating_point
             and weights.dtype.is_floating_point and x.dtype == module.gate_up_proj.dtype)
+
+
+def moe_tensors_fit(x, w1, w2, topk_ids, topk_weights) -> bool:
+    """Whether a tuner.moe call's tensors are what the kernel reads: x [m, hidden], w1 [experts,
+    2 * inter, hidden] and w2 [experts, hidden, inter] of x's dtype, integer topk_ids and
+    floating topk_weights [m, topk]."""
+    return (w1.dtype == w2.dtype == x.dtype and x.dim() == 2 and w1.dim() == 3
+            and w2.dim() == 3 and topk_ids.dim() == 2 and topk_ids.shape[0] == x.shape[0]
+            and topk_weights.shape == topk_ids.shape and not topk_ids.dtype.is_floating_point
+            and topk_weights.dtype.is_floating_point and w1.shape[2] == x.shape[1]
+            and w1.shape[1] % 2 == 0
+            and tuple(w2.shape) == (w1.shape[0], x.shape[1], w1.shape[1] // 2))
 
 
 def no_autograd(*tensors) -> bool:

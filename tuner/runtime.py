@@ -45,7 +45,8 @@ from pathlib import Path
 __all__ = ["EXPORT_FORMAT", "EXPORT_ROOT", "MANIFEST", "MAX_EXPORT_BYTES", "M_BUCKET_RULE",
            "M_NEAREST_OCTAVES", "NEAREST_KEYS", "m_bucket",
            "LoadedExport", "config_for", "current_identity", "default_config", "detect_identity",
-           "device_key_for", "entry_problem", "export_dir", "has_entries", "hit_counts",
+           "device_key_for", "entry_problem", "export_dir", "export_signature", "has_entries",
+           "hit_counts",
            "matching_configs", "served_m_ranges",
            "kernel_hash", "load_family", "lookup", "manifest_problems", "mismatches",
            "miss_counts", "normalize_value", "read_export", "reset", "resolve", "resolved",
@@ -121,6 +122,20 @@ def export_dir(identity: dict | None = None) -> Path | None:
     if not identity:
         return None
     return EXPORT_ROOT / identity["key"]
+
+
+def export_signature() -> str:
+    """The export an install's routing reads: the folder loaded from (`export_dir`), its
+    manifest's size, modification time and inode (a rewritten export is another export: the
+    export writes the manifest last, through a new file); None parts where there is none."""
+    folder = written = None
+    try:
+        folder = export_dir()
+        stat = (folder / "manifest.json").stat()
+        written = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    except Exception:  # noqa: BLE001 - no manifest (or no device to name the folder): no export
+        pass
+    return repr((str(folder), written))
 
 
 def normalize_value(value):

@@ -29,13 +29,16 @@ Nothing compiles inside a capture: a kernel first met while a CUDA graph is bein
 warmed up) runs the baseline for that capture, with one warning. In a graph replay no Python
 runs, so hit counts count eager calls and captures.
 
-`install` gives modules an instance ``forward`` (uninstall deletes it; no parameter is touched):
+`install` gives modules an instance ``forward`` (uninstall deletes it):
 every nn.Linear calls ``tuner.linear`` (compiled: a call the export serves); with
 fold_norms, a decoder layer's RMSNorm whose projections the export serves with norm-capable
 configs passes its input through and those projections call ``tuner.norm_linear``
 (tuner.layouts.norm_folds); with "moe", the experts module of every MoE block whose stored
 weights the kernel reads as they are (tuner.layouts.moe_layout) calls ``tuner.moe`` with its own
-parameters (no copy); its router, a module of its own (tuner.layouts.moe_routers), has its
+parameters (no copy), and every dense gated MLP (tuner.layouts.gated_mlp_layout) that the
+export serves at experts 1 calls it too, its gate and up weights moved into one [2 · inter,
+hidden] tensor they are views of (tuner.serving_mlp: the only parameters install touches;
+same values, same Parameter objects; uninstall leaves them so); its router, a module of its own (tuner.layouts.moe_routers), has its
 ``F.linear`` routed as an nn.Linear's (tuner.layouts.LinearOnWeight). With
 "attention" it routes ``torch.nn.functional.scaled_dot_product_attention`` (looked up by name at
 each call) and, in a process that has imported transformers, transformers' "sdpa" attention
@@ -61,18 +64,17 @@ import torch
 import torch.nn.functional as F
 
 from . import runtime
-from .layouts import (FOLD_LAYERS, GEMV_MAX_ROWS, MODES_TRACE, LinearOnWeight, decode_call_dims,
-                      decode_mask, gemv_shape, hf_attention_interface, hf_structure,
-                      linear_call_shape, linear_lookup_parts,
-                      linear_structure, moe_call_args, moe_call_shape, moe_layout, moe_routers,
-                      no_autograd, norm_folds, plain_kwargs, rms_norm_eps)
+from .layouts import (DTYPES, FOLD_LAYERS, GEMV_MAX_ROWS, MODES_TRACE, LinearOnWeight,
+                      decode_call_dims, decode_mask, gemv_shape, hf_attention_interface,
+                      hf_structure, linear_call_shape, linear_lookup_parts, linear_structure,
+                      moe_call_args, moe_call_shape, moe_layout, moe_routers, moe_tensors_fit,
+                      no_autograd, norm_folds, plain_kwargs, rms_norm_eps, runs_on as _runs_on)
 
 __all__ = ["FOLD_LAYERS", "Installed", "decode_attention", "install", "installed", "linear", "moe",
            "moe_layout", "norm_folds", "norm_linear"]
 
 log = logging.getLogger("tuner.serving")
 
-DTYPES = (torch.bfloat16, torch.float16)
 FAMILIES = ("gemv", "gemm", "attention", "moe")
 
 _SDPA = F.scaled_dot_product_attention  # torch's own, whatever install does to the name
@@ -92,11 +94,6 @@ def _warn_once(key: tuple, message: str, *args) -> None:
 
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-def _runs_on(device_type: str) -> bool:
-    """Triton runs on GPU tensors, and on CPU tensors under the interpreter (tests)."""
-    return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _tuned(family: str, shape: dict, launch, baseline, variant: str = ""):
@@ -248,20 +245,11 @@ def moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Ten
     def baseline():
         return own() if own is not None else family.baseline(inputs)
 
-    if not _moe_served(x, w1, w2, topk_ids, topk_weights):
+    if not (x.dtype in DTYPES and _runs_on(x.device.type)
+            and moe_tensors_fit(x, w1, w2, topk_ids, topk_weights)):
         return baseline()
     shape = moe_call_shape(x, w1, topk_ids)
     return _tuned("moe", shape, lambda config: family.launch(inputs, config), baseline)
-
-
-def _moe_served(x, w1, w2, topk_ids, topk_weights) -> bool:
-    """Whether the kernel can take the call at all (dtypes, devices, dimensions)."""
-    return (x.dtype in DTYPES and w1.dtype == w2.dtype == x.dtype and _runs_on(x.device.type)
-            and x.dim() == 2 and w1.dim() == 3 and w2.dim() == 3 and topk_ids.dim() == 2
-            and topk_ids.shape[0] == x.shape[0] and topk_weights.shape == topk_ids.shape
-            and not topk_ids.dtype.is_floating_point and topk_weights.dtype.is_floating_point
-            and w1.shape[2] == x.shape[1] and w1.shape[1] % 2 == 0
-            and tuple(w2.shape) == (w1.shape[0], x.shape[1], w1.shape[1] // 2))
 
 
 # ------------------------------------------------------------------------------- custom ops
@@ -532,6 +520,7 @@ class Installed:
     export_dir: Path | None
     linears: list[torch.nn.Module] = field(default_factory=list)
     experts: list[torch.nn.Module] = field(default_factory=list)  # MoE experts modules routed
+    mlps: list[torch.nn.Module] = field(default_factory=list)  # dense gated MLPs on tuner.moe
     routers: list[torch.nn.Module] = field(default_factory=list)  # MoE routers' F.linear routed
     norms: list[torch.nn.Module] = field(default_factory=list)  # RMSNorms folded (fold_norms)
     sdpa: bool = False
@@ -542,7 +531,7 @@ class Installed:
     def status(self) -> dict[str, str]:
         """{family: 'loaded: N entries from ...' / 'missing: ...' / 'refused: ...'}; moe only
         where the model has MoE experts the install routed."""
-        families = [f for f in self.families if f != "moe" or self.experts]
+        families = [f for f in self.families if f != "moe" or self.experts or self.mlps]
         for family in families:
             runtime.resolve(family, {})  # load (and report) each family's export once
         return {f: s for f, s in runtime.status().items() if f in families}
@@ -573,8 +562,8 @@ class Installed:
         """Restore the model exactly (and SDPA, and the export directory)."""
         if not self.active:
             return
-        for module in self.linears + self.routers + self.norms + self.experts:
-            for name in ("forward", "_tuner_linear", "_tuner_norm", "_tuner_moe"):
+        for module in self.linears + self.routers + self.norms + self.experts + self.mlps:
+            for name in ("forward", "_tuner_linear", "_tuner_norm", "_tuner_moe", "_tuner_mlp"):
                 module.__dict__.pop(name, None)
         _moe_blocks.clear()
         if self.sdpa:
@@ -613,7 +602,7 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
         os.environ["TUNER_EXPORT_DIR"] = str(export_dir)
         runtime.reset()
     global _route_key
-    key = _install_key(tuple(families))
+    key = repr((runtime.export_signature(), tuple(families)))  # what the routing reads
     if export_dir is None:
         # the same export as the last install: keep what is loaded; another or a rewritten one
         # (the key names the manifest's size, time and inode): load it afresh
@@ -652,6 +641,8 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
             norm.forward = types.MethodType(_folded_norm_forward, norm)
             handle.norms.append(norm)
     if "moe" in families:
+        from . import serving_mlp
+
         _moe_blocks.clear()
         for module in model.modules():
             layout = moe_layout(module)
@@ -661,6 +652,9 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
                 module._tuner_moe = (index, *layout)  # plain ints: constants under torch.compile
                 _moe_blocks[index] = module
                 handle.experts.append(module)
+        for module in model.modules():
+            if "forward" not in module.__dict__ and serving_mlp.route_mlp(module):
+                handle.mlps.append(module)
     if "attention" in families:
         import tuner_kernels.attention  # noqa: F401 - it keeps torch's own SDPA before the name moves
 
@@ -673,20 +667,6 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
             interface._global_mapping["sdpa"] = _hf_sdpa
             handle.hf_sdpa = interface
     return handle
-
-
-def _install_key(families: tuple) -> str:
-    """What an install's routing reads: the export folder (the one runtime loads from), its
-    manifest's size, modification time and inode (a rewritten export is another export: the
-    export writes the manifest last, through a new file), the families."""
-    folder = written = None
-    try:
-        folder = runtime.export_dir()
-        stat = (folder / "manifest.json").stat()
-        written = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
-    except Exception:  # noqa: BLE001 - no manifest (or no device to name the folder): no export
-        pass
-    return repr((str(folder), written, families))
 
 
 @contextlib.contextmanager

@@ -36,8 +36,10 @@ Baselines (what serving without this kernel runs, graph-safe so tuner.timing can
 ``grouped_baseline`` sorts the pairs and runs torch's grouped matmul (``torch._grouped_mm``,
 where the installed torch and GPU have it: sm90+ or the CPU); ``loop_baseline`` is a per-expert
 torch loop over all E experts with the routing weight as a dense [m, E] mask (transformers'
-eager loop without its host syncs, which no graph can capture). ``baseline`` is the grouped one
-where it runs, else the loop. ``reference``: fp32 throughout, per expert.
+eager loop without its host syncs, which no graph can capture); ``dense_baseline`` (experts 1,
+top-k 1: a dense decoder layer's gated MLP, as tuner.harvest.mlp reads it) is transformers'
+Llama / Qwen3 MLP, three F.linear calls and silu · up. ``baseline`` is the dense one at experts
+1 and top-k 1, else the grouped one where it runs, else the loop. ``reference``: fp32 throughout, per expert.
 
 Bytes: tuner_kernels.cost.moe_cost (x read, the touched experts' weights read once, out written; the
 touched count is the expected number of distinct experts m tokens pick at random).
@@ -61,7 +63,7 @@ from tuner_kernels.cost import dtype_bytes, moe_cost
 
 __all__ = ["ALIGN_MAX_EXPERTS", "ALIGN_MAX_PAIRS", "ALIGN_TILE", "FAMILY", "ENGINE_KEYS",
            "REDUCE_BLOCK", "align", "align_chunk", "align_in_kernel", "baseline", "bytes_moved",
-           "default_config", "flops", "grouped_baseline", "grouped_mm_available", "launch",
+           "default_config", "dense_baseline", "dense_mlp", "flops", "grouped_baseline", "grouped_mm_available", "launch",
            "launch_plan", "loop_baseline", "make_inputs", "max_padded", "moe_align_kernel",
            "moe_gemm_kernel", "moe_gemv_down_kernel", "moe_gemv_up_kernel",
            "moe_reduce_kernel", "reference", "shape_from_row", "shape_key"]
@@ -352,6 +354,12 @@ def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
         t = torch.rand(*dims, generator=gen, dtype=torch.float32, device=device)
         return ((t * 2 - 1) * scale).to(dtype)
 
+    if experts == 1 and topk == 1:  # a dense gated MLP (`dense_baseline`): weight 1
+        return {"x": rand((m, hidden), 1.0),
+                "w1": rand((experts, 2 * inter, hidden), 1.0 / math.sqrt(hidden)),
+                "w2": rand((experts, hidden, inter), 1.0 / math.sqrt(inter)),
+                "topk_ids": torch.zeros(m, 1, dtype=torch.int32, device=device),
+                "topk_weights": torch.ones(m, 1, dtype=torch.float32, device=device)}
     scores = torch.rand(m, experts, generator=gen, device=device)
     topk_ids = scores.topk(topk, dim=-1).indices.to(torch.int32)
     logits = torch.randn(m, topk, generator=gen, device=device)
@@ -584,8 +592,27 @@ def loop_baseline(inputs: dict) -> torch.Tensor:
     return out.to(x.dtype)
 
 
+def dense_baseline(inputs: dict) -> torch.Tensor:
+    """One expert, top-1, routing weight 1 (a dense decoder layer's gated MLP, read as the family
+    at experts 1 by tuner.harvest.mlp): what transformers' Llama / Qwen3 MLP runs,
+    down(silu(gate(x)) * up(x)) with three F.linear calls on the gate rows, the up rows and w2,
+    in the weights' dtype. The routing weight is not applied (it is 1 by the shape's meaning;
+    make_inputs gives ones at experts 1)."""
+    x, w1, w2 = inputs["x"], inputs["w1"], inputs["w2"]
+    inter = w1.shape[1] // 2
+    return F.linear(F.silu(F.linear(x, w1[0, :inter])) * F.linear(x, w1[0, inter:]), w2[0])
+
+
+def dense_mlp(shape: dict) -> bool:
+    """Whether a shape is a dense gated MLP (experts 1, top-k 1): `dense_baseline`'s."""
+    return int(shape["experts"]) == 1 and int(shape["topk"]) == 1
+
+
 def baseline(inputs: dict) -> torch.Tensor:
-    """The grouped-matmul path where torch has it on this device, else the per-expert loop."""
+    """A dense gated MLP (experts 1, top-k 1): `dense_baseline`; else the grouped-matmul path
+    where torch has it on this device, else the per-expert loop."""
+    if inputs["w1"].shape[0] == 1 and inputs["topk_ids"].shape[1] == 1:
+        return dense_baseline(inputs)
     if grouped_mm_available(inputs["x"].device):
         return grouped_baseline(inputs)
     return loop_baseline(inputs)

@@ -18,6 +18,9 @@
 #   every baseline in BASELINES with that export: measured against projected per baseline.
 #   CONFIRM=1: then export again without the entries whose calls that step (against the first
 #   baseline) ran slower (tuner export --drop-step-losses) and, before DEADLINE_S, A/B that export.
+# GATED_MLP=1: a dense model's MLPs as the moe family at experts 1 (tuner harvest --gated-mlp:
+#   gate/up + SiLU·mul in one launch, down in a second, searched for MOE_S seconds; tuner.serving
+#   routes them where the export keeps them), its other linears as gemv / gemm.
 # MIN_SAVING: the search's and rank's --min-saving (default theirs, 0.5% of the traced step; a
 #   time per token such as 10us holds against a compiled step shorter than the eager one traced).
 # LAYERS: keep the first LAYERS decoder layers of every config (written under the work folder;
@@ -91,9 +94,11 @@ for item in ${TUNE:-}; do
   cap=$(ls "$D"/trace/*/traces/baseline_capture.pt.trace.json 2>/dev/null | head -n 1)
   stamp "$model b$batch: harvest"
   topk=$(python3 -c "import json; k = json.load(open('$cfg')).get('num_experts_per_tok'); print(f'--topk {k}' if k else '')")
-  timeout 120 python3 -m tuner.cli harvest "$rep" --capture "$cap" --kv-heads "$kv" $topk \
+  gated=""; [ -n "${GATED_MLP:-}" ] && gated="--gated-mlp"
+  timeout 120 python3 -m tuner.cli harvest "$rep" --capture "$cap" --kv-heads "$kv" $topk $gated \
     -o "$D/shapes.parquet" > "$D/harvest.log" 2>&1; tail -n 16 "$D/harvest.log" | tee -a "$LOG"
   moe=$(python3 -c "import json; print('moe' if json.load(open('$cfg')).get('num_experts') else '')")
+  [ -n "$gated" ] && moe=moe
   for fam in $family attention $moe; do
     secs=$SEARCH_S; [ "$fam" = attention ] && secs=$ATTN_S; [ "$fam" = moe ] && secs=$MOE_S
     [ "$secs" -gt 0 ] || continue

@@ -162,17 +162,20 @@ def _kernel_totals(traces: dict) -> dict:
     return out
 
 
-def _harvest(traces: dict, topk: int | None = None) -> tuple[dict, str]:
+def _harvest(traces: dict, topk: int | None = None,
+             gated_mlp: bool = False) -> tuple[dict, str]:
     """Each arm's graph replay joined with its capture: arm -> ShapeTable rows (dicts). `topk`
     (a MoE model's num_experts_per_tok): transformers' grouped-mm experts read as moe rows
-    (tuner harvest --topk), which pair with the tuned arm's tuner::moe rows."""
+    (tuner harvest --topk), which pair with the tuned arm's tuner::moe rows. `gated_mlp`: each
+    dense layer's gate, up and down linear calls read as one moe call of experts 1 (tuner
+    harvest --gated-mlp), which pairs with the tuned arm's tuner::moe call of its MLP."""
     from .. import harvest
 
     tables = {}
     for arm, paths in traces.items():
         try:
             result = harvest.harvest([paths["replay"]], capture=[paths["capture"]], quiet=True,
-                                     topk=topk)
+                                     topk=topk, gated_mlp=gated_mlp)
         except TunerError as exc:
             return {}, f"attribution unavailable ({arm} arm): {exc}"
         except Exception as exc:  # noqa: BLE001 - the timed verdict must not be lost with it
@@ -180,6 +183,17 @@ def _harvest(traces: dict, topk: int | None = None) -> tuple[dict, str]:
                         f"{type(exc).__name__}: {exc}")
         tables[arm] = result.table.to_dict("records")
     return tables, ""
+
+
+def dense_mlp_entries(export_dir: str | Path | None) -> bool:
+    """Whether an export holds moe entries of experts 1, top-k 1: dense gated MLPs, which
+    tuner.serving runs through tuner.moe (tuner.serving_mlp); False where it cannot be read."""
+    try:
+        configs = json.loads((Path(export_dir) / "moe.json").read_text())["configs"]
+        return any(int(c["shape"]["experts"]) == 1 and int(c["shape"]["topk"]) == 1
+                   for c in configs.values())
+    except Exception:  # noqa: BLE001 - no export, no moe file, another format: no dense MLPs
+        return False
 
 
 def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
@@ -451,7 +465,8 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
     floors, floor_label = {}, ""
     kernels: dict = {}
     if child.ok and child.data.get("traces"):
-        tables, note = _harvest(child.data["traces"], moe_topk(spec))
+        tables, note = _harvest(child.data["traces"], moe_topk(spec),
+                                dense_mlp_entries(export_dir))
         kernels = _kernel_totals(child.data["traces"])
         if note:
             warn(note)
