@@ -114,8 +114,8 @@ def test_the_routed_mlp_compiles_in_one_graph(device):
     assert hits == {family.shape_key(mlp_shape(2)): 2}  # the compiled call ran tuner.moe too
 
 
-def test_tuner_ab_folds_the_arms_mlps_only_for_an_export_of_dense_mlps(device, tmp_path):
-    from tuner.ab import dense_mlp_entries
+def test_an_export_of_dense_mlps_is_told_from_a_moe_models(device, tmp_path):
+    from tuner.serving_mlp import dense_mlp_export as dense_mlp_entries
 
     write_export(device, [("moe", mlp_shape(1), GEMV)])
     assert dense_mlp_entries(device / "nvidia-h200")
@@ -155,3 +155,26 @@ def test_the_routed_mlp_replays_in_a_cuda_graph_as_it_runs_eagerly(device):
             assert torch.equal(out, mlp(static)), f"seed {seed}: the replay differs from eager"
         hits = handle.hits()["moe"]
     assert sum(hits.values()) >= 5  # warmup, the checks, the warm call, the capture, eager
+
+
+@torch.no_grad()
+def test_a_merged_model_is_routed_on_its_own_memory_install_after_install(device):
+    """Merged first (as tuner ab does before its baseline capture): install reuses the merged
+    tensor, so a graph captured before it reads the same weights; so does a second install."""
+    from tuner.serving_mlp import merge_gated_mlps, merged_gate_up
+
+    model, mlp, x = mlp_and_input()
+    expected = mlp(x)
+    assert merged_gate_up(mlp) is None
+    assert merge_gated_mlps(model) == 2
+    w13 = merged_gate_up(mlp)
+    assert w13 is not None and w13.shape == (1, 2 * INTER, HIDDEN)
+    pointer = mlp.gate_proj.weight.data_ptr()
+    assert torch.equal(mlp(x), expected)  # merged: the same values, the same forward
+    write_export(device, [("moe", mlp_shape(2), GEMV)])
+    for _ in range(2):
+        with serving.installed(model, export_dir=device / "nvidia-h200", families=("moe",)):
+            assert mlp.__dict__["_tuner_mlp"][2].data_ptr() == pointer
+            assert rel_err(mlp(x), expected) < 1e-2
+    assert mlp.gate_proj.weight.data_ptr() == pointer and merge_gated_mlps(model) == 2
+    assert mlp.gate_proj.weight.data_ptr() == pointer

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..baselines import check_baseline, strongest_available
 from ..errors import NoGPUError, TunerError, info, warn
+from ..serving_mlp import dense_mlp_export
 from ..hardware import have_gpu
 from ..report import write_ab_report
 from .child import run_child
@@ -183,17 +184,6 @@ def _harvest(traces: dict, topk: int | None = None,
                         f"{type(exc).__name__}: {exc}")
         tables[arm] = result.table.to_dict("records")
     return tables, ""
-
-
-def dense_mlp_entries(export_dir: str | Path | None) -> bool:
-    """Whether an export holds moe entries of experts 1, top-k 1: dense gated MLPs, which
-    tuner.serving runs through tuner.moe (tuner.serving_mlp); False where it cannot be read."""
-    try:
-        configs = json.loads((Path(export_dir) / "moe.json").read_text())["configs"]
-        return any(int(c["shape"]["experts"]) == 1 and int(c["shape"]["topk"]) == 1
-                   for c in configs.values())
-    except Exception:  # noqa: BLE001 - no export, no moe file, another format: no dense MLPs
-        return False
 
 
 def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
@@ -466,7 +456,7 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
     kernels: dict = {}
     if child.ok and child.data.get("traces"):
         tables, note = _harvest(child.data["traces"], moe_topk(spec),
-                                dense_mlp_entries(export_dir))
+                                dense_mlp_export(export_dir))
         kernels = _kernel_totals(child.data["traces"])
         if note:
             warn(note)

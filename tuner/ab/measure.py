@@ -53,6 +53,7 @@ from pathlib import Path
 
 import torch
 
+from ..serving_mlp import dense_mlp_export, merge_gated_mlps
 from .harness import (grouped_attention_shape, grouped_sdpa_attention, hf_factory, load_factory,
                       make_harness, phase_harness, transformers_attention)
 
@@ -371,6 +372,10 @@ def measure(spec: tuple[str, str], settings: ABSettings, progress=lambda stage: 
 
     progress("build: the model in " + settings.dtype)
     harness = _build(factory, settings, dtype, common)
+    if settings.export_dir and "moe" in settings.families and dense_mlp_export(settings.export_dir):
+        # before any arm's capture: the tuned arm's install would move the gate / up weights
+        # the baseline arm's graph reads (tuner.serving_mlp); the same values in every arm
+        progress(f"merge: gate and up weights of {merge_gated_mlps(harness.model)} gated MLPs")
     own_step = tuned_decode(harness.decode, settings)
     compile_decode(harness, settings)
     model = harness.model
