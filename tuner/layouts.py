@@ -27,12 +27,12 @@ import sys
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DTYPES", "FOLD_LAYERS", "GEMV_MAX_ROWS", "HF_PLAIN_KWARGS", "MODES_TRACE", "LinearOnWeight",
-           "decode_mask", "decode_call_dims", "gated_mlp_layout", "gemv_shape", "hf_attention_interface",
-           "hf_structure", "linear_call_shape", "linear_lookup_parts", "linear_structure",
-           "moe_call_args", "moe_call_shape", "moe_layout", "moe_routers", "moe_tensors_fit",
-           "no_autograd",
-           "norm_folds", "plain_kwargs", "rms_norm_eps", "runs_on"]
+__all__ = ["DTYPES", "FOLD_LAYERS", "GEMV_MAX_ROWS", "HF_PLAIN_KWARGS", "MODES_TRACE",
+           "LinearOnWeight", "decode_mask", "decode_call_dims", "gated_mlp_layout", "gemv_shape",
+           "hf_attention_interface", "hf_structure", "linear_call_shape", "linear_lookup_parts",
+           "linear_structure", "moe_call_args", "moe_call_shape", "moe_layout", "moe_routers",
+           "moe_tensors_fit", "no_autograd", "norm_folds", "plain_kwargs", "rms_norm_eps",
+           "runs_on"]
 
 DTYPES = (torch.bfloat16, torch.float16)  # the dtypes the served kernels take
 

@@ -38,8 +38,9 @@ weights the kernel reads as they are (tuner.layouts.moe_layout) calls ``tuner.mo
 parameters (no copy), and every dense gated MLP (tuner.layouts.gated_mlp_layout) that the
 export serves at experts 1 calls it too, its gate and up weights moved into one [2 · inter,
 hidden] tensor they are views of (tuner.serving_mlp: the only parameters install touches;
-same values, same Parameter objects; uninstall leaves them so); its router, a module of its own (tuner.layouts.moe_routers), has its
-``F.linear`` routed as an nn.Linear's (tuner.layouts.LinearOnWeight). With
+same values, same Parameter objects; uninstall leaves them so); its router, a module of its own
+(tuner.layouts.moe_routers), has its ``F.linear`` routed as an nn.Linear's
+(tuner.layouts.LinearOnWeight). With
 "attention" it routes ``torch.nn.functional.scaled_dot_product_attention`` (looked up by name at
 each call) and, in a process that has imported transformers, transformers' "sdpa" attention
 function: a decode call (one query token, no dropout, not causal, no mask or one of that query
@@ -559,7 +560,8 @@ class Installed:
             torch.cuda.synchronize()
 
     def uninstall(self) -> None:
-        """Restore the model exactly (and SDPA, and the export directory)."""
+        """Restore the model's forwards (and SDPA, and the export directory); merged gate / up
+        weights stay merged (tuner.serving_mlp: the same values, the same Parameters)."""
         if not self.active:
             return
         for module in self.linears + self.routers + self.norms + self.experts + self.mlps:

@@ -9,7 +9,7 @@ stays: its views are the gate and up parameters).
 Merging moves the gate and up weights to new memory: a CUDA graph captured before it still reads
 the old (freed) memory. Install before capturing, or merge first (`merge_gated_mlps`, as
 `tuner ab` does when its export holds dense MLP entries, before its baseline arm is captured);
-a merged MLP is merged in place again by nothing (`route_mlp` reuses its layout)."""
+an MLP merged once is never merged again (`route_mlp` reuses its layout)."""
 
 from __future__ import annotations
 
@@ -78,8 +78,9 @@ def merge_gated_mlps(model: torch.nn.Module) -> int:
 def route_mlp(module) -> bool:
     """Route a dense gated MLP through tuner.moe at experts 1 where the export serves its
     structure (at the rows `served_m_ranges` gives): its gate and up weights become views of one
-    [1, 2 · inter, hidden] tensor (`_merge`; kept where they already are), and routing ids / weights (zeros, ones) are made once for the
-    most rows served, so that a call launches nothing but the kernels."""
+    [1, 2 · inter, hidden] tensor (`_merge`; kept where they already are), and routing ids and
+    weights (zeros, ones) are made once for the most rows served, so that a call launches
+    nothing but the kernels."""
     layout = gated_mlp_layout(module)
     if layout is None:
         return False
