@@ -13,7 +13,6 @@ an MLP merged once is never merged again (`route_mlp` reuses its layout)."""
 
 from __future__ import annotations
 
-import json
 import types
 from pathlib import Path
 
@@ -30,7 +29,7 @@ def dense_mlp_export(export_dir: str | Path | None) -> bool:
     """Whether an export folder holds moe entries of experts 1, top-k 1 (dense gated MLPs);
     False where it cannot be read."""
     try:
-        configs = json.loads((Path(export_dir) / "moe.json").read_text())["configs"]
+        configs = runtime.read_export(Path(export_dir) / "moe.json")["configs"]
         return any(int(c["shape"]["experts"]) == 1 and int(c["shape"]["topk"]) == 1
                    for c in configs.values())
     except Exception:  # noqa: BLE001 - no export, no moe file, another format: no dense MLPs

@@ -354,20 +354,18 @@ def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
         t = torch.rand(*dims, generator=gen, dtype=torch.float32, device=device)
         return ((t * 2 - 1) * scale).to(dtype)
 
-    if experts == 1 and topk == 1:  # a dense gated MLP (`dense_baseline`): weight 1
-        return {"x": rand((m, hidden), 1.0),
-                "w1": rand((experts, 2 * inter, hidden), 1.0 / math.sqrt(hidden)),
-                "w2": rand((experts, hidden, inter), 1.0 / math.sqrt(inter)),
-                "topk_ids": torch.zeros(m, 1, dtype=torch.int32, device=device),
+    dense = dense_mlp(shape)  # every token to expert 0 with weight 1 (`dense_baseline`)
+    if not dense:
+        scores = torch.rand(m, experts, generator=gen, device=device)
+        topk_ids = scores.topk(topk, dim=-1).indices.to(torch.int32)
+        logits = torch.randn(m, topk, generator=gen, device=device)
+    inputs = {"x": rand((m, hidden), 1.0),
+              "w1": rand((experts, 2 * inter, hidden), 1.0 / math.sqrt(hidden)),
+              "w2": rand((experts, hidden, inter), 1.0 / math.sqrt(inter))}
+    if dense:
+        return {**inputs, "topk_ids": torch.zeros(m, 1, dtype=torch.int32, device=device),
                 "topk_weights": torch.ones(m, 1, dtype=torch.float32, device=device)}
-    scores = torch.rand(m, experts, generator=gen, device=device)
-    topk_ids = scores.topk(topk, dim=-1).indices.to(torch.int32)
-    logits = torch.randn(m, topk, generator=gen, device=device)
-    return {"x": rand((m, hidden), 1.0),
-            "w1": rand((experts, 2 * inter, hidden), 1.0 / math.sqrt(hidden)),
-            "w2": rand((experts, hidden, inter), 1.0 / math.sqrt(inter)),
-            "topk_ids": topk_ids,
-            "topk_weights": torch.softmax(logits, dim=-1).float()}
+    return {**inputs, "topk_ids": topk_ids, "topk_weights": torch.softmax(logits, dim=-1).float()}
 
 
 def max_padded(pairs: int, experts: int, block_m: int) -> int:
@@ -611,7 +609,7 @@ def dense_mlp(shape: dict) -> bool:
 def baseline(inputs: dict) -> torch.Tensor:
     """A dense gated MLP (experts 1, top-k 1): `dense_baseline`; else the grouped-matmul path
     where torch has it on this device, else the per-expert loop."""
-    if inputs["w1"].shape[0] == 1 and inputs["topk_ids"].shape[1] == 1:
+    if inputs["w1"].shape[0] == 1 and inputs["topk_ids"].shape[1] == 1:  # `dense_mlp`
         return dense_baseline(inputs)
     if grouped_mm_available(inputs["x"].device):
         return grouped_baseline(inputs)

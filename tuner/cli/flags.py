@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 __all__ = ["DEFAULT_STORAGE_TEXT", "baseline_flag", "device_flag", "family_flag", "gated_mlp_flag",
-           "step_baseline_of",
-           "kv_heads_flag", "min_saving_flag", "parity_flags", "storage_flag", "timeout_flag",
-           "topk_flag"]
+           "kv_heads_flag", "min_saving_flag", "parity_flags", "step_baseline_of", "storage_flag",
+           "timeout_flag", "topk_flag"]
 
 
 DEFAULT_STORAGE_TEXT = "sqlite:///artifacts/studies.db"

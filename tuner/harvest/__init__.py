@@ -9,7 +9,8 @@ by signature and phase into the ShapeTable (table.py).
 Modules: config (what is kept, as data), reading (files, header, the event stream), shapes
 (m/n/k from Input Dims), attribution, steps, graphs (capture + replay join), trace (one file ->
 TraceData), table (calls -> ShapeTable rows), files (directories, ranks, capture folders),
-pipeline (`harvest`), mlp (`--gated-mlp`: dense gated MLPs as moe rows), printing, profiling (`live`), watching (`watch`).
+pipeline (`harvest`), mlp (`--gated-mlp`: dense gated MLPs as moe rows), printing, profiling
+(`live`), watching (`watch`).
 """
 
 from .files import (
