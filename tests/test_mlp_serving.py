@@ -178,3 +178,13 @@ def test_a_merged_model_is_routed_on_its_own_memory_install_after_install(device
             assert rel_err(mlp(x), expected) < 1e-2
     assert mlp.gate_proj.weight.data_ptr() == pointer and merge_gated_mlps(model) == 2
     assert mlp.gate_proj.weight.data_ptr() == pointer
+
+
+@torch.no_grad()
+def test_warmup_on_rows_runs_each_routed_mlp_once_a_row_count(device):
+    model, _mlp, _x = mlp_and_input()
+    write_export(device, [("moe", mlp_shape(2), GEMV)])
+    with serving.installed(model, export_dir=device / "nvidia-h200", families=("moe",)) as handle:
+        handle.warmup(rows=(2, 64))  # 64 rows: beyond the served octave, transformers' forward
+        hits = handle.hits()["moe"]
+    assert hits == {family.shape_key(mlp_shape(2)): 2}  # two MLPs, one served row count each

@@ -547,15 +547,18 @@ class Installed:
 
     def warmup(self, step=None, *, rows: tuple[int, ...] = ()) -> None:
         """Compile every kernel before any capture: run `step()` (e.g. one decode step) eagerly,
-        and/or every installed linear on `rows` random rows. Call it again after a new shape."""
+        and/or every installed linear and dense MLP on `rows` random rows (MoE experts modules
+        take the router's choice too: `step` warms them). Call it again after a new shape."""
         with torch.no_grad():
             if step is not None:
                 step()
-            for module in self.linears + self.routers:
+            inputs = [(module, module.weight, module.weight.shape[1])  # a router (moe_routers)
+                      for module in self.linears + self.routers]  # takes the hidden states alone
+            inputs += [(mlp, mlp.down_proj.weight, mlp.__dict__["_tuner_mlp"][0])
+                       for mlp in self.mlps]
+            for module, weight, width in inputs:
                 for m in rows:
-                    x = torch.randn(m, module.weight.shape[1], device=module.weight.device,
-                                    dtype=module.weight.dtype)
-                    module(x)  # a router (moe_routers) takes the hidden states alone
+                    module(torch.randn(m, width, device=weight.device, dtype=weight.dtype))
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
