@@ -16,7 +16,8 @@ from tuner_kernels import moe as family
 from tuner import serving
 from tuner.layouts import gated_mlp_layout
 
-from test_serving import device, rel_err, write_export  # noqa: F401 (device: a fixture)
+from test_serving import (  # noqa: F401 (device: a fixture)
+    assert_replays_as_eager, device, rel_err, write_export)
 
 pytest.importorskip("transformers")
 
@@ -139,20 +140,7 @@ def test_the_routed_mlp_replays_in_a_cuda_graph_as_it_runs_eagerly(device):
     with serving.installed(model, export_dir=device / "nvidia-h200", families=("moe",)) as handle:
         handle.warmup(lambda: mlp(static))
         assert rel_err(mlp(static), expected) < 1e-2
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            mlp(static)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = mlp(static)
-        for seed in (1, 2, 3):
-            fresh = torch.randn(static.shape, generator=torch.Generator().manual_seed(seed))
-            static.copy_(fresh.to(static))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, mlp(static)), f"seed {seed}: the replay differs from eager"
+        assert_replays_as_eager(mlp, static)
         hits = handle.hits()["moe"]
     assert sum(hits.values()) >= 5  # warmup, the checks, the warm call, the capture, eager
 

@@ -15,7 +15,8 @@ import torch
 from tuner_kernels import get_family, moe as family
 from tuner import runtime, serving
 
-from test_serving import IDENTITY, device, rel_err, write_export  # noqa: F401 (device: a fixture)
+from test_serving import (  # noqa: F401 (device: a fixture)
+    IDENTITY, assert_replays_as_eager, device, rel_err, write_export)
 
 pytest.importorskip("transformers")
 
@@ -279,20 +280,7 @@ def test_the_routed_block_replays_in_a_cuda_graph_as_it_runs_eagerly(device):
     write_export(device, [("moe", moe_shape(4))])
     with serving.installed(block, export_dir=device / "nvidia-h200", families=("moe",)) as handle:
         handle.warmup(lambda: block(static))
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            block(static)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = block(static)
-        for seed in (1, 2, 3):
-            fresh = torch.randn(static.shape, generator=torch.Generator().manual_seed(seed))
-            static.copy_(fresh.to(static))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, block(static)), f"seed {seed}: the replay differs from eager"
+        assert_replays_as_eager(block, static)
         hits = handle.hits()["moe"]
     assert sum(hits.values()) >= 5  # warmup, the warm call, the capture, the eager calls
 
