@@ -361,7 +361,7 @@ def test_persistent_schedule_grid_edges_and_refusals():
     with pytest.raises(ValueError, match="without split K"):
         gemm.launch_plan(inputs, {**config, "SPLIT_K": 2})
     with pytest.raises(ValueError, match="SCHEDULE must be one of"):
-        gemm.launch_plan(inputs, {**config, "SCHEDULE": 3})
+        gemm.launch_plan(inputs, {**config, "SCHEDULE": 4})
     # batched (bmm) shapes keep the tiled kernel
     bmm = gemm.make_inputs({**shape, "batch": 2, "layout": "NN"}, "cpu", seed=12)
     _, calls = gemm.launch_plan(bmm, config)
@@ -381,7 +381,7 @@ def test_persistent_schedule_in_the_spaces():
     assert "SCHEDULE" in cuda.order_params
     for backend in ("hip", "dcu"):  # the persistent path on AMD: pointer loads, no TMA parameter
         space = space_for("gemm", backend)
-        assert "TMA" not in space.params and space.params["SCHEDULE"] == [0, 1, 2]
+        assert "TMA" not in space.params and space.params["SCHEDULE"] == [0, 1, 2, 3]
         amd = {**{k: v for k, v in config.items() if k != "TMA"}, "BLOCK_N": 128, "BLOCK_K": 32,
                "num_stages": 2, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1}
         assert space.check(amd, shape) == ""
@@ -420,3 +420,94 @@ def test_the_m_fastest_tile_order_writes_the_same_bytes(schedule):
     outs = [gemm.launch(inputs, {**base, "GROUP_M": g}) for g in (1, 2, 4)]
     assert digest(outs[0]) == digest(outs[1]) == digest(outs[2])
     assert rel_err(outs[0], gemm.reference(inputs)) < TOLERANCE["bfloat16"]
+
+
+# ------------------------------------------------- SCHEDULE 3, the tail split
+def tile_owner(m: int, n: int, block_m: int, block_n: int, group_m: int) -> torch.Tensor:
+    """[m, n]: the grouped-order tile id of each output element (gemm._tile_of's order)."""
+    tiles_m, tiles_n = triton.cdiv(m, block_m), triton.cdiv(n, block_n)
+    owner = torch.empty(m, n, dtype=torch.long)
+    for tile in range(tiles_m * tiles_n):
+        in_group = group_m * tiles_n
+        first = tile // in_group * group_m
+        size = min(tiles_m - first, group_m)
+        pid_m, pid_n = first + tile % in_group % size, tile % in_group // size
+        owner[pid_m * block_m:(pid_m + 1) * block_m, pid_n * block_n:(pid_n + 1) * block_n] = tile
+    return owner
+
+
+@pytest.mark.parametrize("layout", ["NT", "NN", "TN"])
+@pytest.mark.parametrize("tma", [0, 1])
+def test_the_tail_split_runs_whole_waves_over_k_and_splits_the_last_wave(monkeypatch, layout, tma):
+    # 4 "multiprocessors", the 3 x 3 tiles of a ragged 40 x 72 x 72 output (k of 4.5 K tiles: two
+    # splits of 3 and 2 tiles, masked on the pointer path, zero-filled by descriptors): tiles 0-7
+    # (two whole waves) in one launch over all of K, tile 8 (the partial wave) in a second as 2
+    # K splits summed by the last to arrive. The output is poisoned first; each whole-wave tile
+    # has the bytes SPLIT_K 1 gives it, the split tile those SPLIT_K 2 (REDUCE_LAST) gives.
+    monkeypatch.setattr(gemm, "sm_count", lambda device=None: 4)
+    shape = {"m": 40, "n": 72, "k": 72, "dtype": "bfloat16", "layout": layout}
+    inputs = gemm.make_inputs(shape, "cpu", seed=13)
+    tiled = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "TMA": tma}
+    config = {**tiled, "SPLIT_K": 2, "SCHEDULE": 3}
+    _, calls = gemm.launch_plan(inputs, config)
+    assert [c.grid[:2] for c in calls] == [(8, 1), (1, 2)]
+    assert [c.args[-1] for c in calls] == [0, 8]  # tile_base
+    assert [c.constexprs["TILE_PARTS"] for c in calls] == [False, True]
+    descriptors = tma == 1 and layout != "TN"
+    assert {c.kernel for c in calls} == {gemm.gemm_tma_kernel if descriptors else gemm.gemm_kernel}
+    whole = gemm.launch(inputs, {**tiled, "SPLIT_K": 1, "SCHEDULE": 0})
+    split = gemm.launch(inputs, {**tiled, "SPLIT_K": 2, "REDUCE_LAST": 1, "SCHEDULE": 0})
+    last = tile_owner(40, 72, 16, 32, 2) == 8
+    for index, tiles, expected in ((0, ~last, whole), (1, last, split)):
+        out, plan = gemm.launch_plan(inputs, config, torch.full((40, 72), float("nan"),
+                                                                dtype=torch.bfloat16))
+        plan[index].run()  # this launch alone, on a poisoned output
+        assert torch.equal(~torch.isnan(out), tiles)  # exactly its tiles written
+        assert torch.equal(out[tiles], expected[tiles])
+    out = torch.full((40, 72), float("nan"), dtype=torch.bfloat16)
+    gemm.launch(inputs, config, out=out)
+    assert torch.equal(out, torch.where(last, split, whole))
+    assert rel_err(out, gemm.reference(inputs)) < TOLERANCE["bfloat16"]
+
+
+def test_the_tail_split_at_its_edges_and_refusals(monkeypatch):
+    shape = {"m": 48, "n": 64, "k": 64, "dtype": "bfloat16", "layout": "NT"}
+    inputs = gemm.make_inputs(shape, "cpu", seed=14)
+    tiled = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 1}
+    config = {**tiled, "SPLIT_K": 4, "SCHEDULE": 3}
+    # fewer tiles (6) than one wave (132 on the CPU): every tile split, one launch, the bytes of
+    # SPLIT_K 4 with REDUCE_LAST
+    _, (call,) = gemm.launch_plan(inputs, config)
+    assert call.grid[:2] == (6, 4) and call.constexprs["REDUCE_LAST"]
+    reduce_last = gemm.launch(inputs, {**tiled, "SPLIT_K": 4, "REDUCE_LAST": 1})
+    assert torch.equal(gemm.launch(inputs, config), reduce_last)
+    # a whole number of waves (6 tiles on 3): one launch over all of K, SPLIT_K 1's bytes
+    monkeypatch.setattr(gemm, "sm_count", lambda device=None: 3)
+    _, (call,) = gemm.launch_plan(inputs, config)
+    assert call.grid[:2] == (6, 1) and not call.constexprs["REDUCE_LAST"]
+    assert torch.equal(gemm.launch(inputs, config), gemm.launch(inputs, {**tiled, "SPLIT_K": 1}))
+    with pytest.raises(ValueError, match="needs SPLIT_K >= 2"):
+        gemm.launch_plan(inputs, {**config, "SPLIT_K": 1})
+    # batched (bmm) shapes keep the tiled kernel with the config's split
+    bmm = gemm.make_inputs({**shape, "batch": 2, "layout": "NN"}, "cpu", seed=14)
+    _, calls = gemm.launch_plan(bmm, config)
+    assert calls[0].kernel is gemm.gemm_kernel and calls[0].grid == (6, 4, 2)
+
+
+def test_the_tail_split_in_the_spaces():
+    # Llama-3.1-8B's qkv at m = 512: 4 x 48 = 192 tiles of 128 x 128, 1.45 waves of an H100's 132
+    shape = {"m": 512, "n": 6144, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
+    config = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 4, "SPLIT_K": 2,
+              "SWAP_AB": 0, "BALANCE_N": 0, "REDUCE_LAST": 0, "SCHEDULE": 3, "TMA": 1,
+              "num_warps": 8, "num_stages": 3}
+    cuda = space_for("gemm", "cuda")
+    assert cuda.check(config, shape) == ""  # split K past 256 tiles too: only the tail splits
+    assert cuda.check(config, {**shape, "n": 28672}) == ""  # 896 tiles
+    assert cuda.check({**config, "SPLIT_K": 1}, shape) != ""
+    assert cuda.check({**config, "REDUCE_LAST": 1}, shape) != ""  # the same plan twice
+    assert not cuda.allows(config, {**shape, "m": 64})
+    assert cuda.check({**config, "SCHEDULE": 0}, {**shape, "n": 28672}) != ""  # 0 keeps its rule
+    for backend in ("hip", "dcu"):
+        amd = {**{k: v for k, v in config.items() if k != "TMA"}, "BLOCK_K": 32,
+               "num_stages": 2, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 1}
+        assert space_for("gemm", backend).check(amd, shape) == ""

@@ -148,6 +148,39 @@ def test_tma_configs_compile_for_sm90(compiled):
         assert gemm_smem_estimate(TMA) < report.shared <= gemm_smem_estimate(TMA) + 1024
 
 
+# ------------------------------------------------- SCHEDULE 3, the tail split
+def test_tail_split_configs_compile_for_sm90_and_gfx942():
+    """SCHEDULE 3 launches the tiled kernel twice (the whole waves over all of K, the partial
+    wave's tiles split with the in-launch sum: TILE_PARTS): both compile for sm90 with wgmma,
+    descriptor loads for TMA = 1, the split one with its arrival atomics; for gfx942 with pointer
+    loads. No spills. (4096 x 6144 in 128 x 128 tiles: 1536 tiles, 11 waves of 132 and 84 left.)"""
+    shape = {"m": 4096, "n": 6144, "k": 4096, "dtype": "bfloat16", "layout": "NT"}
+    tail = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 2,
+            "SWAP_AB": 0, "num_warps": 8, "num_stages": 4, "BALANCE_N": 0, "REDUCE_LAST": 0,
+            "SCHEDULE": 3}
+    cuda = space_for("gemm", "cuda")
+    jobs = [(shape, {**tail, "TMA": t}) for t in (0, 1)]
+    for (shape, config), row in zip(jobs, compile_configs("gemm", jobs, TARGETS["cuda"], with_asm=True)):
+        assert cuda.allows(config, shape), config
+        assert not isinstance(row, str), (config, row)
+        assert len(row) == 2, row  # the whole waves, then the split tail
+        for report in row:
+            print(f"cuda gemm {report.kernel:18} regs={report.n_regs:3} spills={report.n_spills} "
+                  f"shared={report.shared:6} {config}")
+            expected = "gemm_tma_kernel" if config["TMA"] else "gemm_kernel"
+            assert report.kernel == expected and report.n_spills == 0
+            assert "wgmma.mma_async" in report.asm
+            assert ("cp.async.bulk.tensor" in report.asm) == bool(config["TMA"])
+        assert "atom.global" not in row[0].asm and "atom.global" in row[1].asm
+    amd = {**tail, "BLOCK_K": 32, "num_stages": 2, "waves_per_eu": 0, "matrix_instr_nonkdim": 16,
+           "kpack": 1}
+    assert space_for("gemm", "hip").allows(amd, shape)
+    (row,) = compile_configs("gemm", [(shape, amd)], TARGETS["hip"])
+    assert not isinstance(row, str), row
+    assert [r.kernel for r in row] == ["gemm_kernel", "gemm_kernel"]
+    assert all(r.n_spills == 0 and 0 < r.shared <= SHARED_LIMIT["hip"] for r in row)
+
+
 # ------------------------------------------------- SCHEDULE, the persistent tile scheduler
 PERSISTENT = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "SWAP_AB": 0,
               "num_warps": 8, "num_stages": 3, "BALANCE_N": 0, "REDUCE_LAST": 0}

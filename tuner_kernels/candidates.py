@@ -155,6 +155,12 @@ def _gemm(shape: dict, sms: int) -> list[dict]:
                  ({**tiled(128, 128, 64, 8, 4, 1), "GROUP_M": group, "SCHEDULE": 1}, 0),
                  ({**tiled(128, 128, 64, 4, 4, 1), "GROUP_M": group, "SCHEDULE": 2}, 0),
                  ({**tiled(128, 256, 64, 8, 3, 0), "GROUP_M": group, "SCHEDULE": 1}, 0)]
+    if m >= 256 and cdiv(m, 128) * cdiv(n, 128) % sms:
+        # the tail split (SCHEDULE 3) where the 128 x 128 grid ends in a partial wave: the
+        # whole waves over all of K, the last wave's tiles over 2 / 4 slices of K (the H100's
+        # m = 512 qkv projection: 192 tiles, 1.45 waves); not measured on a GPU yet
+        base += [({**tiled(128, 128, 64, 8, 4, 1), "GROUP_M": column_group(m, 128),
+                   "SCHEDULE": 3, "SPLIT_K": splits}, 0) for splits in (2, 4)]
     # the tiled kernel's m-fastest twins (common.column_group): n fastest (GROUP_M 1), the programs of one wave read as
     # many weight column tiles as there are programs, and the next row of tiles reads them again
     # from HBM (B of 28672 x 4096 is 4.7x an H200's L2); with every row tile of a weight column

@@ -23,8 +23,10 @@ program per output tile; 1 launches `gemm_persistent_kernel`, min(multiprocessor
 that each walk tiles in grouped order (a persistent tile scheduler: no tail wave, tile setup
 amortised), with TMA = 1 reading through tensor descriptors where `tma_supported`; 2 is 1 with
 the epilogue subtiled (the accumulator stored as two halves along N). Persistent schedules are
-2-D only (batched shapes run the tiled kernel) and never split K. Ragged m / n / k are handled
-with masks (or by the descriptors' zero fill).
+2-D only (batched shapes run the tiled kernel) and never split K. 3 is the tail split: the whole
+waves of tiles run the tiled kernel over all of K, the partial last wave's tiles SPLIT_K programs
+each, summed in the same launch (`_tail_split_plan`; two launches, 2-D only). Ragged m / n / k
+are handled with masks (or by the descriptors' zero fill).
 
 Also here: `launch_plan` (the kernel calls of a config, also on meta tensors, which is how
 tuner_kernels.common compiles a config for a GPU target on a CPU host). Serving code reaches the
@@ -52,8 +54,9 @@ __all__ = ["FAMILY", "LAYOUTS", "REDUCE_BLOCK", "baseline", "bytes_moved", "defa
 LAYOUTS = ("NN", "NT", "TN", "TT")
 # SCHEDULE: 0 one program per output tile (gemm_kernel / gemm_tma_kernel, split K, swap-AB);
 # 1 persistent (gemm_persistent_kernel: sm_count programs walk the tiles); 2 persistent with the
-# epilogue stored in two halves along N
-SCHEDULES = (0, 1, 2)
+# epilogue stored in two halves along N; 3 the tail split (whole waves of tiles over all of K,
+# the partial last wave's tiles split over K: _tail_split_plan)
+SCHEDULES = (0, 1, 2, 3)
 REDUCE_BLOCK = 1024
 
 
@@ -62,24 +65,28 @@ def gemm_kernel(
     a_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K,
     stride_ab, stride_am, stride_ak,
-    stride_bb, stride_bk, stride_bn,
+    stride_bb, stride_bk, stride_bn, tile_base,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, REDUCE_LAST: tl.constexpr,
-    EVEN_K: tl.constexpr, EVEN_MN: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_MN: tl.constexpr, TILE_PARTS: tl.constexpr,
 ):
     """One (BLOCK_M x BLOCK_N) output tile of one batch entry over one K split.
 
-    grid = (tiles_m * tiles_n, SPLIT_K, batch); out is the contiguous [batch, M, N] output. With
-    SPLIT_K > 1 each split stores its fp32 partial in part, the workspace [batch * SPLIT_K, M, N],
-    and the partials are summed by splitk_reduce_kernel, or in this launch by each tile's last
-    split with REDUCE_LAST (tuner_kernels.common.store_split; count_ptr: one count a tile).
+    grid = (tiles, SPLIT_K, batch): program p computes tile tile_base + p of the grouped order
+    (tile_base 0 and every tile, except in SCHEDULE 3's two launches); out is the contiguous
+    [batch, M, N] output. With SPLIT_K > 1 each split stores its fp32 partial in part, the
+    workspace [batch * SPLIT_K, M, N], and the partials are summed by splitk_reduce_kernel, or in
+    this launch by each tile's last split with REDUCE_LAST (tuner_kernels.common.store_split;
+    count_ptr: one count a program's tile). TILE_PARTS (with REDUCE_LAST, batch 1): the workspace
+    is [SPLIT_K, programs, BLOCK_M * BLOCK_N] instead, one block a program's tile, so a launch
+    over a few tiles of a large output needs no workspace of the whole output.
     """
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_b = tl.program_id(2).to(tl.int64)
 
     # Grouped ordering: walk GROUP_M row-tiles down a column of tiles before moving right.
-    pid_m, pid_n = _tile_of(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    pid_m, pid_n = _tile_of(pid + tile_base, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     # This program's K tiles: [tile_start, tile_end).
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -115,8 +122,15 @@ def gemm_kernel(
         b_ptrs += BLOCK_K * stride_bk
 
     tile_offs = offs_m[:, None] * N + offs_n[None, :]
-    store_split(acc, out_ptr + pid_b * M * N + tile_offs,
-                part_ptr + pid_b * SPLIT_K * M * N + tile_offs, M * N, pid_k,
+    if TILE_PARTS:
+        block = BLOCK_M * BLOCK_N
+        parts = (part_ptr + pid.to(tl.int64) * block + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N
+                 + tl.arange(0, BLOCK_N)[None, :])
+        split_stride = tl.num_programs(0).to(tl.int64) * block
+    else:
+        parts = part_ptr + pid_b * SPLIT_K * M * N + tile_offs
+        split_stride = M * N
+    store_split(acc, out_ptr + pid_b * M * N + tile_offs, parts, split_stride, pid_k,
                 mask_m[:, None] & mask_n[None, :], count_ptr + pid_b * tl.num_programs(0) + pid,
                 SPLIT_K, REDUCE_LAST)
 
@@ -124,29 +138,22 @@ def gemm_kernel(
 @triton.jit
 def gemm_tma_kernel(
     a_desc, b_desc, out_ptr, part_ptr, count_ptr,
-    M, N, K,
+    M, N, K, tile_base,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, REDUCE_LAST: tl.constexpr,
-    B_IS_WEIGHT: tl.constexpr,
+    B_IS_WEIGHT: tl.constexpr, TILE_PARTS: tl.constexpr,
 ):
     """gemm_kernel with A and B read through tensor descriptors (TMA on sm90+): 2-D, batch 1.
 
     a_desc: A [M, K] row-major, block [BLOCK_M, BLOCK_K]. b_desc: the weight [N, K] row-major with
     block [BLOCK_N, BLOCK_K] (B_IS_WEIGHT, layout NT) or B [K, N] row-major with block
     [BLOCK_K, BLOCK_N] (layout NN). Out-of-range rows / columns of a block read as zero, so ragged
-    shapes need no masks on loads. grid = (tiles_m * tiles_n, SPLIT_K); the output, partials and
-    counts as gemm_kernel's.
+    shapes need no masks on loads. grid = (tiles, SPLIT_K); tile_base, the output, partials
+    (TILE_PARTS) and counts as gemm_kernel's.
     """
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = _tile_of(pid + tile_base, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     k_tiles = tl.cdiv(K, BLOCK_K)
     tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
@@ -167,7 +174,15 @@ def gemm_tma_kernel(
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     tile_offs = offs_m[:, None] * N + offs_n[None, :]
-    store_split(acc, out_ptr + tile_offs, part_ptr + tile_offs, M * N, pid_k,
+    if TILE_PARTS:
+        block = BLOCK_M * BLOCK_N
+        parts = (part_ptr + pid.to(tl.int64) * block + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N
+                 + tl.arange(0, BLOCK_N)[None, :])
+        split_stride = tl.num_programs(0).to(tl.int64) * block
+    else:
+        parts = part_ptr + tile_offs
+        split_stride = M * N
+    store_split(acc, out_ptr + tile_offs, parts, split_stride, pid_k,
                 (offs_m[:, None] < M) & (offs_n[None, :] < N), count_ptr + pid, SPLIT_K, REDUCE_LAST)
 
 
@@ -347,19 +362,22 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, SPLIT_K=split_k,
                 EVEN_K=k % block_k == 0, EVEN_MN=m % block_m == 0 and n % block_n == 0)
 
+    schedule = int(config.get("SCHEDULE", 0))
+    if schedule not in SCHEDULES:
+        raise ValueError(f"gemm SCHEDULE must be one of {SCHEDULES}, not {schedule}")
+    use_tma = int(config.get("TMA", 0)) == 1 and (backend or tensor_backend(a)) in ("cuda", "cpu")
+    b_is_weight = b.dim() == 2 and b.stride(0) == 1  # the [k, n] view of a row-major [n, k] weight
+    swap = int(config.get("SWAP_AB", 0)) == 1 and a.dim() == 2 and b.dim() == 2
+    if schedule == 3 and a.dim() == 2 and b.dim() == 2 and not swap:
+        return out, _tail_split_plan(a, b, out, grid[0], meta, opts, use_tma, b_is_weight)
+
     workspace = None
     if split_k > 1:
         workspace = torch.empty((batch * split_k, m, n), device=a.device, dtype=torch.float32)
     part = out if workspace is None else workspace
     # REDUCE_LAST: each tile's last K split sums the partials in this launch (common.store_split)
     reduce_last = split_k > 1 and int(config.get("REDUCE_LAST", 0)) == 1
-
-    schedule = int(config.get("SCHEDULE", 0))
-    if schedule not in SCHEDULES:
-        raise ValueError(f"gemm SCHEDULE must be one of {SCHEDULES}, not {schedule}")
-    use_tma = int(config.get("TMA", 0)) == 1 and (backend or tensor_backend(a)) in ("cuda", "cpu")
-    b_is_weight = b.dim() == 2 and b.stride(0) == 1  # the [k, n] view of a row-major [n, k] weight
-    if int(config.get("SWAP_AB", 0)) == 1 and a.dim() == 2 and b.dim() == 2:
+    if swap:
         # out^T = W . A^T with the weight rows as the MMA's M side (tuner_kernels/skinny.py); batched
         # (bmm) shapes keep the tiled kernel
         kernel, sk_grid, args, sk_meta, sk_opts = skinny.plan(
@@ -367,7 +385,7 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
             split_k=split_k, use_tma=use_tma, options=opts,
             balance=int(config.get("BALANCE_N", 0)) == 1, reduce_last=reduce_last)
         calls = [KernelCall(kernel, sk_grid, args, sk_meta, sk_opts)]
-    elif schedule != 0 and a.dim() == 2 and b.dim() == 2:
+    elif schedule in (1, 2) and a.dim() == 2 and b.dim() == 2:
         if split_k != 1:
             raise ValueError(f"gemm SCHEDULE={schedule} (persistent) runs without split K, "
                              f"not SPLIT_K={split_k}")
@@ -382,19 +400,60 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     elif use_tma and tma_supported(a, b):
         a_desc, b_desc = _descriptors(a, b, block_m, block_n, block_k)
         tma_meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
-                        SPLIT_K=split_k, REDUCE_LAST=reduce_last, B_IS_WEIGHT=b_is_weight)
+                        SPLIT_K=split_k, REDUCE_LAST=reduce_last, B_IS_WEIGHT=b_is_weight,
+                        TILE_PARTS=False)
         counts = split_counters(grid[0], a.device) if reduce_last else out
-        args = (a_desc, b_desc, out, part, counts, m, n, k)
+        args = (a_desc, b_desc, out, part, counts, m, n, k, 0)
         calls = [KernelCall(gemm_tma_kernel, grid[:2], args, tma_meta, opts)]
     else:
         counts = split_counters(grid[0] * batch, a.device) if reduce_last else out
-        args = (a, b, out, part, counts, m, n, k, sab, sam, sak, sbb, sbk, sbn)
-        calls = [KernelCall(gemm_kernel, grid, args, {**meta, "REDUCE_LAST": reduce_last}, opts)]
+        args = (a, b, out, part, counts, m, n, k, sab, sam, sak, sbb, sbk, sbn, 0)
+        calls = [KernelCall(gemm_kernel, grid, args,
+                            {**meta, "REDUCE_LAST": reduce_last, "TILE_PARTS": False}, opts)]
     if workspace is not None and not reduce_last:
         calls.append(KernelCall(splitk_reduce_kernel, (triton.cdiv(m * n, REDUCE_BLOCK), batch),
                                 (workspace, out, m * n), dict(SPLIT_K=split_k, BLOCK=REDUCE_BLOCK),
                                 {"num_warps": 4}))
     return out, calls
+
+
+def _tail_split_plan(a, b, out, tiles: int, meta: dict, opts: dict, use_tma: bool,
+                     b_is_weight: bool) -> list[KernelCall]:
+    """SCHEDULE 3, the tail split (2-D): the whole waves of output tiles (multiprocessors x
+    waves) run one program a tile over all of K; the tiles of the last, partial wave run
+    SPLIT_K programs each over slices of K, the tile's last split summing the partials in the
+    same launch (REDUCE_LAST, partials one block a tile: TILE_PARTS). So the partial wave is as
+    many programs as SPLIT_K makes it, each 1 / SPLIT_K as long, where SCHEDULE 0 runs it as a
+    wave of whole-K programs with multiprocessors idle. Fewer tiles than one wave: every tile is
+    split; a whole number of waves: no tile is (SCHEDULE 0's launch)."""
+    split_k = int(meta["SPLIT_K"])
+    if split_k < 2:
+        raise ValueError(f"gemm SCHEDULE=3 (tail split) needs SPLIT_K >= 2, not {split_k}")
+    (m, k), n = a.shape, b.shape[1]
+    waves = tiles // sm_count(a.device) * sm_count(a.device)
+    tail = tiles - waves
+    tma = use_tma and tma_supported(a, b)
+    if tma:
+        a_desc, b_desc = _descriptors(a, b, meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"])
+        shared = {key: meta[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
+    calls = []
+    for first, count, splits in ((0, waves, 1), (waves, tail, split_k)):
+        if count == 0:
+            continue
+        split = splits > 1
+        part = (torch.empty((splits, count, meta["BLOCK_M"] * meta["BLOCK_N"]), device=a.device,
+                            dtype=torch.float32) if split else out)
+        counts = split_counters(count, a.device) if split else out
+        flags = dict(SPLIT_K=splits, REDUCE_LAST=split, TILE_PARTS=split)
+        if tma:
+            args = (a_desc, b_desc, out, part, counts, m, n, k, first)
+            calls.append(KernelCall(gemm_tma_kernel, (count, splits), args,
+                                    {**shared, **flags, "B_IS_WEIGHT": b_is_weight}, opts))
+        else:
+            args = (a, b, out, part, counts, m, n, k, 0, a.stride(0), a.stride(1), 0,
+                    b.stride(0), b.stride(1), first)
+            calls.append(KernelCall(gemm_kernel, (count, splits, 1), args, {**meta, **flags}, opts))
+    return calls
 
 
 def _descriptors(a: torch.Tensor, b: torch.Tensor, block_m: int, block_n: int, block_k: int):
