@@ -6,8 +6,9 @@ Run by scripts/gpu/prefill_gemm.sh (its header says what it measures); alone:
 
 Per shape (Llama-3.1-8B linears at m = 128 ... 8192, NT, bf16): cold input sets (rotated past
 2 x L2, tuner.bench.make_input_sets), torch.matmul, the default config and the configs of
-tuner_kernels.candidates for that shape (the persistent-schedule ones among them) plus the default's
-tile on the persistent schedule (SCHEDULE 1 and 2, TMA 1), each timed with tuner.bench
+tuner_kernels.candidates for that shape (the persistent-schedule and tail-split ones among them)
+plus the default's tile on the persistent schedule (SCHEDULE 1 and 2, TMA 1), each timed with
+tuner.bench (columns tiled / persist / tail: the best of SCHEDULE 0, 1-2 and 3)
 (CUDA-graph replays, median of group medians; --all-known: every known config of the shape,
 not only the first four tiled ones, compiled ahead in a thread pool by tuner.precompile); the
 fastest paired against torch
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
     def configs_for(shape: dict) -> list[dict]:
         default = gemm.default_config(shape, backend, sm_count=sms)
         known = space.known(candidate_configs("gemm", shape, backend, sms), shape, default)
-        persistent = [c for c in known if c.get("SCHEDULE")]
+        persistent = [c for c in known if c.get("SCHEDULE")]  # 1 / 2, and the tail split (3)
         tiled = [c for c in known if not c.get("SCHEDULE")]
         if not args.all_known:
             tiled = tiled[:4]
@@ -188,7 +189,8 @@ def main(argv=None) -> int:
             facts = parity.Checker(gemm.FAMILY, shape, device=device, seeds=1).facts(best)
             flops = gemm.flops(shape)
             tiled_us = min((us for c, us in timed if not c.get("SCHEDULE")), default=None)
-            persistent_us = min((us for c, us in timed if c.get("SCHEDULE")), default=None)
+            persistent_us = min((us for c, us in timed if c.get("SCHEDULE") in (1, 2)), default=None)
+            tail_us = min((us for c, us in timed if c.get("SCHEDULE") == 3), default=None)
             # the tile orders of the tiled schedule: row order (GROUP_M 1) against m-fastest
             row_order = [(c, us) for c, us in timed if not c.get("SCHEDULE") and c.get("GROUP_M", 1) == 1]
             col_order = [(c, us) for c, us in timed if not c.get("SCHEDULE") and c.get("GROUP_M", 1) > 1]
@@ -201,6 +203,7 @@ def main(argv=None) -> int:
                    "speedup": paired.speedup, "low": paired.speedup_low, "high": paired.speedup_high,
                    "noise_pct": paired.noise_pct, "default_us": timed_us(timed, configs[0]),
                    "best_tiled_us": tiled_us, "best_persistent_us": persistent_us,
+                   "best_tail_split_us": tail_us,
                    "best_row_order": short(row_order[0][0]) if row_order else None,
                    "best_row_order_us": row_order[0][1] if row_order else None,
                    "best_col_order": short(col_order[0][0]) if col_order else None,
@@ -254,7 +257,7 @@ def main(argv=None) -> int:
     print(f"\n== gemm vs torch.matmul (NT, bf16, {cache} caches); measured matmul rate "
           f"{rate / 1e12 if rate else float('nan'):.0f} TFLOP/s  [{time.time() - start:.0f}s]")
     print(f"{'weight':8} {'m':>5} {'n':>6} {'k':>6} {'torch us':>9} {'TF/s':>5} {'%rate':>5} "
-          f"{'ours us':>9} {'TF/s':>5} {'%rate':>5} {'speedup [95%]':>22} {'tiled':>8} {'persist':>8} "
+          f"{'ours us':>9} {'TF/s':>5} {'%rate':>5} {'speedup [95%]':>22} {'tiled':>8} {'persist':>8} {'tail':>8} "
           f"{'=bytes':>6} {'err x':>6}  best")
     for r in sorted(rows, key=lambda r: (r["m"], r["n"], r["k"])):
         def pct(x):
@@ -266,7 +269,7 @@ def main(argv=None) -> int:
               f"{r['torch_tflops']:5.0f} {pct(r['torch_pct_rate'])} {r['ours_us']:9.1f} "
               f"{r['ours_tflops']:5.0f} {pct(r['ours_pct_rate'])} {r['speedup']:6.3f} "
               f"[{r['low']:.3f}, {r['high']:.3f}] {us(r['best_tiled_us'])} "
-              f"{us(r['best_persistent_us'])} {'yes' if r['bitwise_vs_baseline'] else 'no':>6} "
+              f"{us(r['best_persistent_us'])} {us(r.get('best_tail_split_us'))} {'yes' if r['bitwise_vs_baseline'] else 'no':>6} "
               f"{r['error_ratio']:6.2f}  {r['best']}")
     print("\n== tile order of the tiled schedule: row order (GROUP_M 1) against m-fastest (GROUP_M > 1)")
     print(f"{'weight':8} {'m':>5} {'n':>6} {'k':>6} {'torch us':>9} {'row us':>8} {'m-fast us':>9} "
