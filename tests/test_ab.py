@@ -392,7 +392,7 @@ def test_the_export_projects_its_attention_saving_at_the_nearest_kv_len(monkeypa
     """The step's decode attention (kv_len 146) resolves to the exported kv_len 162 entry as
     serving resolves it: its measured saving per call x the step's calls is projected."""
     row = _attention_export_and_row(monkeypatch, tmp_path, exported_kv_heads=8)
-    projected = ab.projected_savings(tmp_path / "export" / "nvidia-h200", [row])
+    projected = ab.projected_savings(tmp_path / "export" / "nvidia-h200", [row]).savings
     # write_export records 5.0 -> 4.0 us a call
     assert projected == {"attention b=4 h=8 kv=146 d=64": pytest.approx(36.0)}
     runtime.reset()
@@ -407,10 +407,10 @@ def test_the_baseline_steps_repeated_call_projects_the_entry_the_tuned_step_serv
     row = _attention_export_and_row(monkeypatch, tmp_path, exported_kv_heads=2)
     tuned = {**row, "op": "tuner::decode_attention", "kv_heads": 2}
     folder = tmp_path / "export" / "nvidia-h200"
-    assert ab.projected_savings(folder, [row], [tuned]) == {
+    assert ab.projected_savings(folder, [row], [tuned]).savings == {
         "attention b=4 h=8 kv=146 d=64": pytest.approx(36.0)}
-    assert ab.projected_savings(folder, [row], [row]) == {}   # MHA: served as it was recorded
-    assert ab.projected_savings(folder, [row]) == {}
+    assert ab.projected_savings(folder, [row], [row]).savings == {}   # MHA: served as it was recorded
+    assert ab.projected_savings(folder, [row]).savings == {}
     runtime.reset()
 
 
@@ -440,9 +440,8 @@ def test_the_projection_splits_its_error_into_the_baselines_and_the_candidates(m
     tuned = [row(1024, 4096, 72.0, 3.81, op="tuner::linear", kernels="_gemv_kernel"),
              row(4096, 12288, 36.0, 4.1, op="tuner::linear", kernels="_gemv_kernel")]
     kv, down = "m=1,n=1024,k=4096", "m=1,n=4096,k=12288"
-    alone: dict = {}
-    projected = ab.projected_savings(tmp_path / "export" / "nvidia-h200", base, tuned,
-                                     alone=alone)
+    projection = ab.projected_savings(tmp_path / "export" / "nvidia-h200", base, tuned)
+    projected, alone = projection.savings, projection.alone
     assert projected == {kv: pytest.approx(72.0), down: pytest.approx(36.0)}
     assert alone == {kv: {"baseline_us": pytest.approx(360.0), "candidate_us": pytest.approx(288.0)},
                      down: {"baseline_us": pytest.approx(180.0),
@@ -494,21 +493,20 @@ def test_the_export_projects_its_moe_saving_at_the_nearest_m(monkeypatch, tmp_pa
     served = _moe_row("vllm::outplace_fused_experts", 60.0, m=12)
     other = _moe_row("vllm::outplace_fused_experts", 60.0, m=12, experts=64)
     key = "moe m=12 E=128 top8 hidden=2048 inter=768"
-    paths: list = []
-    assert ab.projected_savings(folder, [served, other], [], paths) == {
-        key: pytest.approx(48.0)}
-    assert paths == ["eager"]
+    projection = ab.projected_savings(folder, [served, other], [])
+    assert projection.savings == {key: pytest.approx(48.0)}
+    assert projection.paths == ["eager"]
     # the report names a verdict's moe shape (hidden, inter) as the attribution names the row
     shape = get_family("moe").shape_from_row(served)
     assert attribution_key({"family": "moe", **shape}) == attribution_key(served) == key
     tuned = _moe_row("tuner::moe", 40.0, m=12)
-    assert ab.projected_savings(folder, [], [tuned]) == {key: pytest.approx(48.0)}
+    assert ab.projected_savings(folder, [], [tuned]).savings == {key: pytest.approx(48.0)}
     # the baseline step's own moe rows are the calls projected when it has them
-    assert ab.projected_savings(folder, [other], [tuned]) == {}
+    assert ab.projected_savings(folder, [other], [tuned]).savings == {}
     # a step with no moe call anywhere projects none
     linear = {"op": "aten::mm", "family": "gemm", "phase": "decode", "m": 12, "n": 768,
               "k": 2048, "batch": 1, "dtype": "bfloat16", "layout": "NT", "calls_per_step": 48.0}
-    assert ab.projected_savings(folder, [linear], [linear]) == {}
+    assert ab.projected_savings(folder, [linear], [linear]).savings == {}
     runtime.reset()
 
 
@@ -750,8 +748,8 @@ def test_an_export_leaves_out_the_entries_whose_calls_the_whole_step_ran_slower(
             {"op": "aten::scaled_dot_product_attention", "family": "attention",
              "phase": "decode", "q_len": 1, "m": 1, "n": 146, "k": 64, "calls_per_step": 36.0,
              "us_per_call": 10.0, **attention, "kv_len": 146}]
-    entries: dict = {}
-    projected = ab.projected_savings(folder, rows, [], [], entries)
+    projection = ab.projected_savings(folder, rows, [])
+    projected, entries = projection.savings, projection.entries
     keys = {"gemv": sorted(json.loads((folder / "gemv.json").read_text())["configs"]),
             "attention": sorted(json.loads((folder / "attention.json").read_text())["configs"])}
     names = ["m=1,n=1536,k=512", "m=1,n=512,k=768", "attention b=4 h=8 kv=146 d=64"]

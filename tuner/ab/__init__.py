@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..baselines import check_baseline, strongest_available
@@ -36,7 +37,8 @@ from .verdict import (EXIT_FAIL, EXIT_PASS, ABVerdict, decide, markdown, moe_cal
                       paired_moe_keys, step_words, summary_lines)
 
 __all__ = ["ABSettings", "ABVerdict", "AB_DIR", "check_phase", "default_baselines", "linear_floors",
-           "moe_attribution_note", "moe_topk", "plan_lines", "projected_savings", "run"]
+           "moe_attribution_note", "moe_topk", "plan_lines", "Projection", "projected_savings",
+           "run"]
 
 AB_DIR = Path("artifacts") / "ab"
 
@@ -186,24 +188,32 @@ def _harvest(traces: dict, topk: int | None = None,
     return tables, ""
 
 
+@dataclass
+class Projection:
+    """What an export projects for an A/B's baseline step (`projected_savings`), per attribution
+    key ('m=..,n=..,k=..', 'attention b=.. h=.. kv=.. d=..', 'moe m=.. E=.. ...')."""
+
+    savings: dict = field(default_factory=dict)  # key -> projected saving, µs per step
+    paths: list = field(default_factory=list)  # the baseline path of each entry's measurement
+    entries: dict = field(default_factory=dict)  # key -> [{"family", "key"}] serving resolved
+    alone: dict = field(default_factory=dict)  # key -> {"baseline_us", "candidate_us"} per step
+
+
 def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
-                      tuned_rows: list[dict] | None = None, paths: list | None = None,
-                      entries: dict | None = None, alone: dict | None = None) -> dict:
-    """attribution key ('m=..,n=..,k=..', 'attention b=.. h=.. kv=.. d=..', 'moe m=.. E=..
-    ...') -> the saving the export projects per step for that call: the saving per call rank
-    measured for the entry serving uses (exact, else nearest m / kv_len), times the calls per
-    step in this A/B's own baseline step. `tuned_rows` (the tuned step's harvested rows) say
-    which KV head count the tuned step ran a decode attention call with: transformers' baseline
-    call is recorded after repeat_kv (kv_heads = heads), the served one on the model's cache.
-    MoE calls are projected from the baseline step's moe rows (transformers' grouped-mm experts
-    read with the config's top-k), or, where it has none (a compiled step's grouped-mm templates:
-    docs/harvest.md), from the tuned step's: its
+                      tuned_rows: list[dict] | None = None) -> Projection:
+    """`savings`: attribution key -> the saving the export projects per step for that call:
+    the saving per call rank measured for the entry serving uses (exact, else nearest m /
+    kv_len), times the calls per step in this A/B's own baseline step. `tuned_rows` (the tuned
+    step's harvested rows) say which KV head count the tuned step ran a decode attention call
+    with: transformers' baseline call is recorded after repeat_kv (kv_heads = heads), the served
+    one on the model's cache. MoE calls are projected from the baseline step's moe rows
+    (transformers' grouped-mm experts read with the config's top-k), or, where it has none (a
+    compiled step's grouped-mm templates: docs/harvest.md), from the tuned step's: its
     tuner::moe calls are the same calls of the same step, at the shape serving resolved.
-    `entries`, where given, gets attribution key -> the export entries serving resolved that
-    call to ([{"family", "key"}], `tuner export --drop-step-losses` reads them); `alone`, where
-    given, gets attribution key -> {"baseline_us", "candidate_us"}: the baseline's and the
-    candidate's time per step as rank timed them alone (its µs per call times the step's calls),
-    what the projection is the difference of."""
+    `paths`: the baseline path each projected entry was measured against; `entries`: key -> the
+    export entries serving resolved that call to (`tuner export --drop-step-losses` reads them);
+    `alone`: key -> the baseline's and the candidate's time per step as rank timed them alone
+    (its µs per call times the step's calls), what the projection is the difference of."""
     import os
 
     from tuner_kernels import get_family
@@ -214,10 +224,10 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
     os.environ["TUNER_EXPORT_DIR"] = str(export_dir)
     runtime.reset()
     try:
-        return _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows or [],
-                          paths if paths is not None else [],
-                          entries if entries is not None else {},
-                          alone if alone is not None else {})
+        projection = Projection()
+        projection.savings = _projected(export_dir, baseline_rows, get_family, runtime,
+                                        tuned_rows or [], projection)
+        return projection
     finally:
         if previous is None:
             os.environ.pop("TUNER_EXPORT_DIR", None)
@@ -226,12 +236,14 @@ def projected_savings(export_dir: str | Path, baseline_rows: list[dict],
         runtime.reset()
 
 
-def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows, paths,
-               entries, alone) -> dict:
+def _projected(export_dir, baseline_rows, get_family, runtime, tuned_rows,
+               projection: Projection) -> dict:
     """attribution key -> the export's projected saving per step for the baseline step's calls
     (the entry each call resolves to: exact, else nearest m / kv_len, as serving resolves it;
-    MoE calls: projected_savings)."""
+    MoE calls: projected_savings); fills `projection`'s paths, entries and alone."""
     from ..shapetable import attribution_key
+
+    paths, entries, alone = projection.paths, projection.entries, projection.alone
 
     served_kv_heads = {attribution_key(r): int(r["kv_heads"]) for r in tuned_rows
                        if r.get("family") == "attention" and r.get("kv_heads") is not None
@@ -448,10 +460,7 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
     if child.usage_error:
         raise TunerError(child.usage_error)
     tables, note = ({}, "")
-    projected: dict = {}
-    paths: list = []
-    entries: dict = {}
-    alone: dict = {}
+    projection = Projection()
     floors, floor_label = {}, ""
     kernels: dict = {}
     if child.ok and child.data.get("traces"):
@@ -461,8 +470,8 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
         if note:
             warn(note)
         if tables.get("baseline") and export_dir:
-            projected = projected_savings(export_dir, tables["baseline"],
-                                          tables.get("tuned") or [], paths, entries, alone)
+            projection = projected_savings(export_dir, tables["baseline"],
+                                           tables.get("tuned") or [])
         if tables.get("baseline"):
             floors, floor_label = linear_floors(tables["baseline"],
                                                 str(child.data.get("device_name") or ""),
@@ -474,14 +483,15 @@ def _one(spec, label, batch, baseline, settings, export_dir, out_root, timeout_s
         info(f"  {moe_note}")
     verdict = decide(child.data if child.ok else None, label=run_label,
                      crashed="" if child.ok else child.reason, tables=tables,
-                     projected=projected, floors=floors, floor_profile=floor_label,
-                     projection_baselines=paths, kernels=kernels, alone=alone)
+                     projected=projection.savings, floors=floors, floor_profile=floor_label,
+                     projection_baselines=projection.paths, kernels=kernels,
+                     alone=projection.alone)
     if verdict.crashed and not child.ok:  # no data to name the steps: the request's
         verdict.baseline, verdict.tuned_step = baseline, own
         verdict.step_mode = step_words(baseline, s.compile)
         verdict.tuned_step_mode = step_words(own, s.compile)
     for row in verdict.attribution:  # which export entries served each call
-        row["export_entries"] = entries.get(row["shape"], [])
+        row["export_entries"] = projection.entries.get(row["shape"], [])
     directory.mkdir(parents=True, exist_ok=True)
     record = verdict.to_json()
     record["seconds"] = child.seconds
