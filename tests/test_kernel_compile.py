@@ -379,3 +379,17 @@ def test_the_masked_decode_attention_compiles_for_sm90_and_gfx942():
     for backend, name, config, kernel, regs, spills, shared, _mask in rows:
         assert spills == 0 and regs > 0, (backend, name, config, kernel)
         assert shared <= SHARED_LIMIT[backend], (backend, name, config, kernel, shared)
+
+
+def test_the_hip_space_refuses_tiles_that_spill_at_two_waves_per_eu():
+    """waves_per_eu 2 halves a lane's registers (256): a 128 x 128 x 128 tile on 4 warps spills
+    on gfx942 (found by the sampled-space test), its BLOCK_K 64 twin and its 8-warp twin fit."""
+    shape = SHAPES["gemm"][0]
+    tile = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 2, "SPLIT_K": 1,
+            "REDUCE_LAST": 0, "SWAP_AB": 0, "BALANCE_N": 0, "SCHEDULE": 0, "num_warps": 4,
+            "num_stages": 2, "waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 1}
+    hip = space_for("gemm", "hip")
+    twins = [{**tile, "BLOCK_K": 64}, {**tile, "num_warps": 8}]
+    assert not hip.allows(tile, shape) and all(hip.allows(t, shape) for t in twins)
+    rows = compile_configs("gemm", [(shape, c) for c in [tile] + twins], TARGETS["hip"])
+    assert [row[0].n_spills > 0 for row in rows] == [True, False, False], rows
