@@ -122,14 +122,8 @@ def gemm_kernel(
         b_ptrs += BLOCK_K * stride_bk
 
     tile_offs = offs_m[:, None] * N + offs_n[None, :]
-    if TILE_PARTS:
-        block = BLOCK_M * BLOCK_N
-        parts = (part_ptr + pid.to(tl.int64) * block + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N
-                 + tl.arange(0, BLOCK_N)[None, :])
-        split_stride = tl.num_programs(0).to(tl.int64) * block
-    else:
-        parts = part_ptr + pid_b * SPLIT_K * M * N + tile_offs
-        split_stride = M * N
+    parts, split_stride = _split_parts(part_ptr + pid_b * SPLIT_K * M * N, pid, tile_offs, M * N,
+                                       BLOCK_M, BLOCK_N, TILE_PARTS)
     store_split(acc, out_ptr + pid_b * M * N + tile_offs, parts, split_stride, pid_k,
                 mask_m[:, None] & mask_n[None, :], count_ptr + pid_b * tl.num_programs(0) + pid,
                 SPLIT_K, REDUCE_LAST)
@@ -174,16 +168,27 @@ def gemm_tma_kernel(
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     tile_offs = offs_m[:, None] * N + offs_n[None, :]
+    parts, split_stride = _split_parts(part_ptr, pid, tile_offs, M * N, BLOCK_M, BLOCK_N,
+                                       TILE_PARTS)
+    store_split(acc, out_ptr + tile_offs, parts, split_stride, pid_k,
+                (offs_m[:, None] < M) & (offs_n[None, :] < N), count_ptr + pid, SPLIT_K, REDUCE_LAST)
+
+
+@triton.jit
+def _split_parts(part_ptr, pid, tile_offs, output_stride, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, TILE_PARTS: tl.constexpr):
+    """Where a program's K-split partials of its tile go (split 0's pointers, the stride between
+    splits): the tile's place in a workspace of the output's size (stride `output_stride`), or
+    with TILE_PARTS one BLOCK_M x BLOCK_N block a program (stride programs x block)."""
     if TILE_PARTS:
         block = BLOCK_M * BLOCK_N
         parts = (part_ptr + pid.to(tl.int64) * block + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N
                  + tl.arange(0, BLOCK_N)[None, :])
-        split_stride = tl.num_programs(0).to(tl.int64) * block
+        stride = tl.num_programs(0).to(tl.int64) * block
     else:
         parts = part_ptr + tile_offs
-        split_stride = M * N
-    store_split(acc, out_ptr + tile_offs, parts, split_stride, pid_k,
-                (offs_m[:, None] < M) & (offs_n[None, :] < N), count_ptr + pid, SPLIT_K, REDUCE_LAST)
+        stride = output_stride
+    return parts, stride
 
 
 @triton.jit
