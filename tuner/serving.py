@@ -554,7 +554,7 @@ class Installed:
                 step()
             inputs = [(module, module.weight, module.weight.shape[1])  # a router (moe_routers)
                       for module in self.linears + self.routers]  # takes the hidden states alone
-            inputs += [(mlp, mlp.down_proj.weight, mlp.__dict__["_tuner_mlp"][0])
+            inputs += [(mlp, mlp.down_proj.weight, mlp.down_proj.weight.shape[0])  # hidden
                        for mlp in self.mlps]
             for module, weight, width in inputs:
                 for m in rows:

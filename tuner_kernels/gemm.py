@@ -435,7 +435,8 @@ def _tail_split_plan(a, b, out, tiles: int, meta: dict, opts: dict, use_tma: boo
     if split_k < 2:
         raise ValueError(f"gemm SCHEDULE=3 (tail split) needs SPLIT_K >= 2, not {split_k}")
     (m, k), n = a.shape, b.shape[1]
-    waves = tiles // sm_count(a.device) * sm_count(a.device)
+    sms = sm_count(a.device)
+    waves = tiles // sms * sms
     tail = tiles - waves
     tma = use_tma and tma_supported(a, b)
     if tma:
