@@ -326,12 +326,14 @@ NORM_CONFIGS = [
 @pytest.mark.parametrize("config", NORM_CONFIGS, ids=lambda c: "R{ROWS_PER_BLOCK}-K{BLOCK_K}"
                          .format(**c))
 def test_the_fma_kernel_carries_the_rms_norm(m, config):
-    """y = (rmsnorm(x) * norm_weight) @ Wᵀ + bias from the raw x rows: at least as close to the
-    fp32 reference as the unfolded torch path (norm, rounded to bf16, then linear), over x rows
-    of very different scales (each row's own 1 / rms)."""
+    """y = (rmsnorm(x) * norm_weight) @ Wᵀ + bias from the raw x rows, the norm's weight folded
+    into W once (fold_norm_weight): at least as close to the fp32 reference as the unfolded
+    torch path (norm, rounded to bf16, then linear), over x rows of very different scales (each
+    row's own 1 / rms)."""
     shape = {"m": m, "n": 37, "k": 100, "dtype": "bfloat16", "bias": 1, "norm": 1}
     inputs = FAMILY.make_inputs(shape, "cpu", seed=m)
     inputs["x"] = inputs["x"] * torch.logspace(-2, 2, m).to(torch.bfloat16)[:, None]
+    assert not torch.equal(inputs["folded_weight"], inputs["weight"])
     out = FAMILY.launch(inputs, config)
     ref = FAMILY.reference(inputs)
     unfused = FAMILY.baseline(inputs)
@@ -340,14 +342,44 @@ def test_the_fma_kernel_carries_the_rms_norm(m, config):
     assert _rel_err(plain, ref) > 0.1  # the norm is really applied
 
 
-def test_the_norm_needs_a_norm_capable_config():
-    shape = {"m": 1, "n": 16, "k": 64, "dtype": "bfloat16", "norm": 1}
+RESIDUAL_CONFIGS = [
+    {"ROWS_PER_BLOCK": 4, "BLOCK_K": 32, "SPLIT_K": 1, "num_warps": 2},  # in the epilogue
+    {"ROWS_PER_BLOCK": 2, "BLOCK_K": 32, "SPLIT_K": 3, "num_warps": 1},  # in the split-K reduce
+    {"ROWS_PER_BLOCK": 16, "BLOCK_K": 32, "SPLIT_K": 2, "num_warps": 1, "USE_DOT": 1},  # reduce
+]
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("config", RESIDUAL_CONFIGS, ids=lambda c: "S{SPLIT_K}-D{}".format(
+    c.get("USE_DOT", 0), **c))
+def test_the_kernel_adds_a_residual_before_its_one_rounding(m, config):
+    """residual + x @ Wᵀ + bias (a decoder layer's add after its o / down projection): at least
+    as close to the fp32 reference as torch's linear then add (two roundings), with and without
+    the norm; a residual of strided rows is read as it is."""
+    for extra in ({}, {"norm": 1}) if int(config["SPLIT_K"]) == 1 else ({},):
+        shape = {"m": m, "n": 37, "k": 100, "dtype": "bfloat16", "bias": 1, "residual": 1, **extra}
+        inputs = FAMILY.make_inputs(shape, "cpu", seed=m)
+        out = FAMILY.launch(inputs, config)
+        ref = FAMILY.reference(inputs)
+        assert _rel_err(out, ref) <= max(1.25 * _rel_err(FAMILY.baseline(inputs), ref), 3e-3)
+        assert _rel_err(FAMILY.launch(dict(inputs, residual=None), config), ref) > 0.1
+    wide = torch.randn(m, 50).to(torch.bfloat16)
+    strided = dict(inputs, residual=wide[:, 3:40])
+    assert _rel_err(FAMILY.launch(strided, config), FAMILY.reference(strided)) < 1e-2
+
+
+def test_the_norm_and_the_residual_need_capable_configs():
+    shape = {"m": 1, "n": 16, "k": 64, "dtype": "bfloat16", "norm": 1, "residual": 1}
     inputs = FAMILY.make_inputs(shape, "cpu")
     for config in ({"ROWS_PER_BLOCK": 1, "BLOCK_K": 32, "SPLIT_K": 2},
                    {"ROWS_PER_BLOCK": 16, "BLOCK_K": 32, "SPLIT_K": 1, "USE_DOT": 1}):
         assert not gemv.norm_capable(config)
         with pytest.raises(ValueError, match="RMSNorm prologue"):
             FAMILY.launch(inputs, config)
-    with pytest.raises(ValueError, match="norm_weight must be"):
+    dot = {"ROWS_PER_BLOCK": 16, "BLOCK_K": 32, "SPLIT_K": 1, "USE_DOT": 1}
+    assert not gemv.residual_capable(dot) and gemv.residual_capable({**dot, "SPLIT_K": 2})
+    with pytest.raises(ValueError, match="residual epilogue"):
+        FAMILY.launch(dict(inputs, norm_weight=None), dot)
+    with pytest.raises(ValueError, match="residual must be"):
         gemv.gemv(inputs["x"], inputs["weight"], {"ROWS_PER_BLOCK": 1, "BLOCK_K": 32,
-                                                  "SPLIT_K": 1}, norm_weight=inputs["x"][0, :8])
+                                                  "SPLIT_K": 1}, residual=inputs["x"][:, :8])

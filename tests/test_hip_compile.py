@@ -208,15 +208,17 @@ def test_new_variants_compile_for_gfx942(record_property):
 
 
 def test_the_rms_norm_prologue_compiles_for_sm90_and_gfx942(record_property):
-    """The FMA kernel carrying the RMSNorm (NORM): the H200's m = 1 winner (one row a program,
-    2048-wide k steps, 8 warps) and the norm-capable configs of every FMA loop form at m = 1, 2,
-    4 and 8 compile for sm90 and gfx942 without spills, the W tile still in 16-byte loads
-    (registers and vector loads: the loop's forms 1 and 2)."""
+    """The FMA kernel carrying the RMSNorm (NORM; some with the residual epilogue, HAS_RES, and
+    one with that alone): the H200's m = 1 winner (one row a program, 2048-wide k steps, 8
+    warps) and the norm-capable configs of every FMA loop form at m = 1, 2, 4 and 8 compile for
+    sm90 and gfx942 without spills, the W tile still in 16-byte loads (registers and vector
+    loads: the loop's forms 1 and 2)."""
     one_row = {"ROWS_PER_BLOCK": 1, "BLOCK_K": 2048, "SPLIT_K": 1, "num_warps": 8,
                "USE_DOT": 0, "num_stages": 1, "BALANCE_N": 0}
     normed = {**M1, "norm": 1}
-    jobs = [(normed, one_row), ({**normed, "m": 4}, PREFETCH), ({**normed, "m": 8}, one_row),
-            ({**normed, "n": 1024, "m": 2}, CP_ASYNC),
+    jobs = [(normed, one_row), ({**normed, "m": 4, "residual": 1}, PREFETCH),
+            ({**normed, "m": 8, "residual": 1}, one_row),
+            ({**normed, "n": 1024, "m": 2}, CP_ASYNC), ({**M1, "residual": 1}, one_row),
             ({"m": 3, "n": 37, "k": 100, "dtype": "bfloat16", "bias": 1, "norm": 1},
              {**one_row, "BLOCK_K": 64, "num_warps": 1})]
     for target in (SM90, GFX942):

@@ -868,8 +868,8 @@ def test_a_norm_kernel_that_fails_leaves_the_plain_kernel_of_its_shape_alone(dev
     original = gemv.gemv
     launched = []
 
-    def flaky(*args, norm_weight=None, **kwargs):
-        if norm_weight is not None:
+    def flaky(*args, norm_eps=None, **kwargs):
+        if norm_eps is not None:
             raise RuntimeError("no norm today")
         launched.append("plain")
         return original(*args, **kwargs)
@@ -883,7 +883,8 @@ def test_a_norm_kernel_that_fails_leaves_the_plain_kernel_of_its_shape_alone(dev
     with serving.installed(model, export_dir=device / "nvidia-h200", families=("gemv",)):
         with caplog.at_level(logging.WARNING, logger="tuner.serving"):
             for _ in range(2):
-                out = serving.norm_linear(x, norm_w, 1e-6, weight)
+                out = serving.norm_linear(x, norm_w, 1e-6, weight, None,
+                                          gemv.fold_norm_weight(weight, norm_w))
         assert torch.equal(out, F.linear(gemv.rms_norm(x, norm_w, 1e-6), weight))
         assert sum("failed" in r.message for r in caplog.records) == 1
         serving.linear(x, weight)
@@ -930,3 +931,116 @@ def test_a_tuned_steps_trace_keeps_the_bias_of_its_linears(device, tmp_path):
         keys = {tuple(sorted(s.items())) for s in
                 (get_family("gemv").shape_from_row(r) for r in rows.to_dict("records")) if s}
         assert keys == {tuple(sorted(s.items())) for s in shapes}, fold
+
+
+# ------------------------------------------------- residual adds into the projection's kernel
+def _residual_backend(fused: list):
+    """A torch.compile backend that runs `fuse_residual_adds` on the post-grad (AOT) graph, as
+    Inductor's post-grad custom pass does, then runs that graph eagerly (no C++ compile)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    def forward_compiler(gm, example_inputs):
+        fused.append(serving.fuse_residual_adds(gm.graph))
+        gm.recompile()
+        return make_boxed_func(gm.forward)
+
+    return aot_autograd(fw_compiler=forward_compiler)
+
+
+def test_the_residual_adds_of_a_folded_step_go_into_the_projections_kernels(device):
+    """Compiled with the norms folded, each decoder layer's two residual adds (after o_proj and
+    after down_proj, both tuned) become tuner.linear_add calls: the step has no add between two
+    tuned projections, and its logits agree with the eager folded step's; on the CPU the
+    kernel's epilogue (HAS_RES) served those calls."""
+    from tuner_kernels import gemv
+
+    model = tiny_hf_model("qwen3")
+    token = torch.tensor([[3]])
+    export_linears_of(model, device)
+    fused, residuals = [], []
+    original = gemv.gemv
+
+    def spy(*args, residual=None, **kwargs):
+        residuals.append(residual is not None)
+        return original(*args, residual=residual, **kwargs)
+
+    with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=True) as handle:
+        assert len(handle.norms) == 4
+        eager = model(token).logits
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend=_residual_backend(fused))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(gemv, "gemv", spy)
+            out = compiled(token).logits
+    torch._dynamo.reset()
+    assert fused == [2 * 2]  # two layers, o_proj and down_proj each
+    assert sum(residuals) == 4 and len(residuals) == 2 * 7 + 1  # 7 projections a layer, lm_head
+    assert rel_err(out, eager) < 1e-2
+
+
+def test_install_with_folded_norms_puts_the_residual_pass_into_inductor_and_takes_it_out(device):
+    """install(fold_norms=True) chains its pass after a post-grad custom pass already set, and
+    uninstall puts the old one back; a step compiled by Inductor meanwhile runs it (the add
+    becomes tuner.linear_add) and computes residual + linear."""
+    import torch._inductor.config as inductor_config
+
+    calls = []
+
+    class Theirs:  # someone else's pass (a serving engine's)
+        def __call__(self, graph):
+            calls.append("theirs")
+
+        def uuid(self):
+            return "theirs-1"
+
+    shape = {"m": 1, "n": 32, "k": 64, "dtype": "bfloat16"}
+    write_export(device, [("gemv", shape)])
+    model = nn.Sequential(nn.Linear(64, 32, bias=False)).to(torch.bfloat16).requires_grad_(False)
+    theirs = Theirs()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 64, generator=g).to(torch.bfloat16)
+    r = torch.randn(1, 32, generator=g).to(torch.bfloat16)
+    counted = []
+    original = serving.fuse_residual_adds
+
+    def counting(graph):
+        counted.append(original(graph))
+        return counted[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(inductor_config, "post_grad_custom_post_pass", theirs)
+        mp.setattr(serving, "fuse_residual_adds", counting)
+        with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=True):
+            ours = inductor_config.post_grad_custom_post_pass
+            assert ours is not theirs and ours.prior is theirs and ours.uuid()[1] == "theirs-1"
+            torch._dynamo.reset()
+            step = torch.compile(lambda x, r: r + torch.ops.tuner.linear(x, model[0].weight, None),
+                                 backend="inductor", fullgraph=True)
+            out = step(x, r)
+        assert inductor_config.post_grad_custom_post_pass is theirs
+    torch._dynamo.reset()
+    assert calls == ["theirs"] and counted == [1]
+    expected = r.float() + x.float() @ model[0].weight.float().T
+    assert rel_err(out, expected) < 1e-2
+
+
+def test_a_profiled_linear_add_harvests_as_the_linear_it_is(device, tmp_path):
+    """tuner::linear_add (x, weight, bias, residual) in a trace is the linear of its x and
+    weight: harvest reads its (m, n, k) and calls, as tuner::linear's."""
+    from tuner import harvest
+
+    write_export(device, [("gemv", {"m": 1, "n": 32, "k": 64, "dtype": "bfloat16"})])
+    model = nn.Linear(64, 32, bias=False).to(torch.bfloat16).requires_grad_(False)
+    x = torch.randn(1, 1, 64).to(torch.bfloat16)
+    r = torch.randn(1, 1, 32).to(torch.bfloat16)
+    with serving.installed(model, export_dir=device / "nvidia-h200", families=("gemv",)):
+        with torch.profiler.profile(record_shapes=True) as prof:
+            for _ in range(3):
+                out = torch.ops.tuner.linear_add(x, model.weight, None, r)
+    assert rel_err(out, r.float() + x.float() @ model.weight.float().T) < 1e-2
+    path = tmp_path / "linear_add.json"
+    prof.export_chrome_trace(str(path))
+    rows = harvest.harvest([str(path)]).table
+    gemm = rows[rows["op"] == "tuner::linear_add"].to_dict("records")
+    assert [(r["m"], r["n"], r["k"]) for r in gemm] == [(1, 32, 64)]

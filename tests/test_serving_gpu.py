@@ -308,22 +308,29 @@ def test_a_transformers_decode_step_on_the_grouped_cache_captures_and_replays(tm
     assert result["bitwise_graph_vs_eager"] and result["rel_err"] < 2e-2, result
 
 
-FOLD_CHILD = r'''
+# both fold children: a small Llama's harness, every linear shape of its decode step exported
+# with the one-row config (from the misses of an install without an export), the baseline step
+EXPORT_ONE_ROW = r'''
 one_row = {"ROWS_PER_BLOCK": 1, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 2, "USE_DOT": 0,
            "num_stages": 1, "BALANCE_N": 0}
 h = make_harness(hf_factory(config_path), batch=1, prompt=16, steps=8, dtype=torch.bfloat16,
                  device="cuda")
+torch.set_grad_enabled(False)
+h.prefill()
+with serving.installed(h.model, export_dir=root + "/" + ident["key"], families=("gemv",)) as hd:
+    h.decode()  # no export yet: the misses name every linear shape
+    keys = list(hd.misses()["gemv"])
+shapes = [{k: v if k == "dtype" else int(v) for k, v in (kv.split("=") for kv in key.split(","))}
+          for key in keys]
+write_export(root, [("gemv", s, one_row) for s in shapes], identity=ident)
+runtime.reset()
+h.prefill()
+baseline = h.decode().clone()
+'''
+
+
+FOLD_CHILD = EXPORT_ONE_ROW + r'''
 with torch.no_grad():
-    h.prefill()
-    with serving.installed(h.model, export_dir=root + "/" + ident["key"], families=("gemv",)) as hd:
-        h.decode()  # no export yet: the misses name every linear shape
-        keys = list(hd.misses()["gemv"])
-    shapes = [{k: v if k == "dtype" else int(v) for k, v in (kv.split("=") for kv in key.split(","))}
-              for key in keys]
-    write_export(root, [("gemv", s, one_row) for s in shapes], identity=ident)
-    runtime.reset()
-    h.prefill()
-    baseline = h.decode().clone()
     h.prefill()
     with serving.installed(h.model, export_dir=root + "/" + ident["key"], families=("gemv",),
                            fold_norms=False):
@@ -352,6 +359,45 @@ print(json.dumps({"folded": folded, "hits": sum(hits["gemv"].values()), "warned"
                   "rel_err": rel(out, baseline), "rel_err_unfolded": rel(unfolded, baseline),
                   "bitwise_graph_vs_eager": bool(torch.equal(out, tuned_eager))}))
 '''
+
+
+FOLD_COMPILED_CHILD = EXPORT_ONE_ROW + r'''
+from tuner.baselines import compile_step
+counted = []
+fuse = serving.fuse_residual_adds
+serving.fuse_residual_adds = lambda graph: counted.append(fuse(graph)) or counted[-1]
+with torch.no_grad():
+    h.decode = compile_step(h.decode, "compile", "inductor")
+    with serving.installed(h.model, export_dir=root + "/" + ident["key"], families=("gemv",),
+                           fold_norms=True) as hd:
+        folded = len(hd.norms)
+        h.prefill()
+        hd.warmup(h.decode)
+        h.prefill()
+        compiled_eager = h.decode().clone()
+        graph, out = capture_decode(h)
+    warned = [w for w in serving._warned if w and w[0] in ("capture", "launch")]
+    h.prefill()
+    out.fill_(float("nan"))
+    for _ in range(20):
+        graph.replay()
+    torch.cuda.synchronize()
+print(json.dumps({"folded": folded, "fused": max(counted, default=0), "warned": len(warned),
+                  "rel_err": float((out.float() - baseline.float()).norm() / baseline.float().norm()),
+                  "bitwise_graph_vs_compiled": bool(torch.equal(out, compiled_eager))}))
+'''
+
+
+def test_a_compiled_folded_step_adds_its_residuals_in_the_kernels_and_replays(tmp_path):
+    """Under Inductor with the norms folded, the step's residual adds after the tuned o / down
+    projections go into their kernels (two a layer, in each graph Inductor compiles), and the
+    compiled step captures and replays: the replay equals the compiled step bit for bit and the
+    baseline within bf16."""
+    _gpu_or_skip()
+    pytest.importorskip("transformers")
+    result = run_llama_child(FOLD_COMPILED_CHILD, tmp_path)
+    assert result["folded"] == 4 and result["fused"] == 4 and not result["warned"], result
+    assert result["bitwise_graph_vs_compiled"] and result["rel_err"] < 2e-2, result
 
 
 def test_a_folded_decode_step_captures_and_replays(tmp_path):

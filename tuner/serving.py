@@ -13,8 +13,11 @@ tuner.runtime):
 
 - ``tuner.linear(x, weight, bias)``: x[..., k] with at most 8 rows on the gemv family, more on
   the gemm family (layout NT);
-- ``tuner.norm_linear(x, norm_weight, eps, weight, bias)``: the same linear of an RMSNorm'd x, the
-  norm carried by the gemv kernel (`install`'s fold_norms);
+- ``tuner.linear_add(x, weight, bias, residual)``: residual + that linear, the add in the gemv
+  kernel's epilogue (what `fuse_residual_adds` makes of a compiled step's residual adds);
+- ``tuner.norm_linear(x, norm_weight, eps, weight, bias, folded_weight)``: the same linear of an
+  RMSNorm'd x, the norm carried by the gemv kernel on the weight with the norm's folded in
+  (`install`'s fold_norms);
 - ``tuner.decode_attention(q, k, v, mask, scale)``: one query token per sequence over a KV cache
   (GQA; an optional mask of that query row, SDPA's scale);
 - ``tuner.moe(x, w1, w2, topk_ids, topk_weights, block)``: the expert MLPs of one MoE block
@@ -33,7 +36,8 @@ runs, so hit counts count eager calls and captures.
 every nn.Linear calls ``tuner.linear`` (compiled: a call the export serves); with
 fold_norms, a decoder layer's RMSNorm whose projections the export serves with norm-capable
 configs passes its input through and those projections call ``tuner.norm_linear``
-(tuner.layouts.norm_folds); with "moe", the experts module of every MoE block whose stored
+(tuner.layouts.norm_folds), and Inductor's post-grad custom pass gets `fuse_residual_adds` (the
+residual add after a tuned projection goes into its kernel; uninstall takes the pass out); with "moe", the experts module of every MoE block whose stored
 weights the kernel reads as they are (tuner.layouts.moe_layout) calls ``tuner.moe`` with its own
 parameters (no copy), and every dense gated MLP (tuner.layouts.gated_mlp_layout) that the
 export serves at experts 1 calls it too, its gate and up weights moved into one [2 · inter,
@@ -135,22 +139,37 @@ def _tuned(family: str, shape: dict, launch, baseline, variant: str = ""):
 
 
 # ------------------------------------------------------------------------------ entry points
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """torch.nn.functional.linear: the tuned gemv (<= 8 rows) or gemm where the export has it."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None) -> torch.Tensor:
+    """torch.nn.functional.linear: the tuned gemv (<= 8 rows) or gemm where the export has it.
+    With `residual` (the linear's output shape and dtype): residual + linear(x, weight, bias),
+    the add in the gemv kernel's epilogue where its config takes one (`_ResidualAddPass` makes
+    such calls of a compiled step's residual adds)."""
     rows = _linear_rows(x, weight, bias)
-    if not rows:
-        return F.linear(x, weight, bias)
     k, n = int(x.shape[-1]), int(weight.shape[0])
+    if residual is not None and (residual.shape != (*x.shape[:-1], n)
+                                 or residual.dtype != x.dtype or residual.device != x.device):
+        return residual + linear(x, weight, bias)  # not the add the kernels take
+    if not rows:
+        out = F.linear(x, weight, bias)
+        return out if residual is None else residual + out
 
     def baseline():
-        return F.linear(x, weight, bias)
+        out = F.linear(x, weight, bias)
+        return out if residual is None else residual + out
 
     x2 = x.reshape(rows, k)
+    r2 = None if residual is None else residual.reshape(rows, n)
     family, shape = linear_call_shape(rows, n, k, x.dtype, bias)
     if family == "gemv":
         from tuner_kernels import gemv
 
-        out = _tuned(family, shape, lambda c: gemv.gemv(x2, weight, c, bias=bias), baseline)
+        def launch(config):
+            if r2 is None or gemv.residual_capable(config):
+                return gemv.gemv(x2, weight, config, bias=bias, residual=r2)
+            return r2 + gemv.gemv(x2, weight, config, bias=bias)
+
+        out = _tuned(family, shape, launch, baseline, variant="" if r2 is None else "residual")
     else:
         from tuner_kernels import gemm
 
@@ -159,6 +178,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             result = gemm.launch({"a": a, "b": weight.t()}, config)
             if bias is not None:
                 result += bias
+            if r2 is not None:
+                result += r2
             return result
 
         out = _tuned("gemm", shape, launch, baseline)
@@ -177,16 +198,20 @@ def _linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None,
+                folded_weight: torch.Tensor | None = None) -> torch.Tensor:
     """linear(rms_norm(x, norm_weight, eps), weight, bias), a decoder layer's norm folded into a
-    projection: one gemv launch from the raw x where the exported config can carry the norm
-    (tuner_kernels.gemv.norm_capable), else the norm (gemv.rms_norm), then `linear`."""
+    projection: one gemv launch from the raw x on `folded_weight` (weight with the norm's weight
+    in it, tuner_kernels.gemv.fold_norm_weight; made by `install`) where the exported config can
+    carry the norm (gemv.norm_capable), else the norm (gemv.rms_norm), then `linear`."""
     from tuner_kernels import gemv
     from tuner_kernels.gemv import rms_norm
 
     rows = _linear_rows(x, weight, bias)
     if (not rows or rows > GEMV_MAX_ROWS or norm_weight.shape != x.shape[-1:]
-            or norm_weight.device != x.device):
+            or norm_weight.device != x.device or folded_weight is None
+            or folded_weight.shape != weight.shape or folded_weight.dtype != weight.dtype
+            or folded_weight.device != weight.device):
         return linear(rms_norm(x, norm_weight, eps), weight, bias)
 
     k, n = int(x.shape[-1]), int(weight.shape[0])
@@ -194,7 +219,7 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: 
 
     def launch(config):
         if gemv.norm_capable(config):
-            return gemv.gemv(x2, weight, config, bias=bias, norm_weight=norm_weight, eps=eps)
+            return gemv.gemv(x2, folded_weight, config, bias=bias, norm_eps=eps)
         return gemv.gemv(rms_norm(x2, norm_weight, eps), weight, config, bias=bias)
 
     out = _tuned("gemv", gemv_shape(rows, n, k, x.dtype, bias), launch,
@@ -265,14 +290,28 @@ def _(x, weight, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+@torch.library.custom_op("tuner::linear_add", mutates_args=())
+def _linear_add_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   residual: torch.Tensor) -> torch.Tensor:
+    """residual + tuner.linear(x, weight, bias), the add in the kernel (`_ResidualAddPass`)."""
+    out = linear(x, weight, bias, residual)
+    return out.clone() if out is residual or out is x else out
+
+
+@_linear_add_op.register_fake
+def _(x, weight, bias, residual):
+    return residual.new_empty(residual.shape)
+
+
 @torch.library.custom_op("tuner::norm_linear", mutates_args=())
 def _norm_linear_op(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                    bias: torch.Tensor | None) -> torch.Tensor:
-    return norm_linear(x, norm_weight, eps, weight, bias)
+                    bias: torch.Tensor | None,
+                    folded_weight: torch.Tensor | None = None) -> torch.Tensor:
+    return norm_linear(x, norm_weight, eps, weight, bias, folded_weight)
 
 
 @_norm_linear_op.register_fake
-def _(x, norm_weight, eps, weight, bias):
+def _(x, norm_weight, eps, weight, bias, folded_weight=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -345,10 +384,10 @@ def _linear_routed(structure: tuple, device_type: str, route_key: str) -> tuple:
 
 
 def _norm_linear_forward(self, x):
-    norm, eps = self.__dict__["_tuner_norm"]
+    norm, eps, folded = self.__dict__["_tuner_norm"]
     if not no_autograd(x, norm.weight, self.weight, self.bias):  # the norm class's own forward
         return F.linear(type(norm).forward(norm, x), self.weight, self.bias)
-    return torch.ops.tuner.norm_linear(x, norm.weight, eps, self.weight, self.bias)
+    return torch.ops.tuner.norm_linear(x, norm.weight, eps, self.weight, self.bias, folded)
 
 
 def _folded_norm_forward(self, hidden_states):
@@ -524,6 +563,7 @@ class Installed:
     mlps: list[torch.nn.Module] = field(default_factory=list)  # dense gated MLPs on tuner.moe
     routers: list[torch.nn.Module] = field(default_factory=list)  # MoE routers' F.linear routed
     norms: list[torch.nn.Module] = field(default_factory=list)  # RMSNorms folded (fold_norms)
+    residual_pass: object = None  # the Inductor pass fold_norms put in (_set_residual_pass)
     sdpa: bool = False
     hf_sdpa: object = None  # transformers' AttentionInterface whose "sdpa" entry is ours
     _old_env: str | None = None
@@ -571,6 +611,9 @@ class Installed:
             for name in ("forward", "_tuner_linear", "_tuner_norm", "_tuner_moe", "_tuner_mlp"):
                 module.__dict__.pop(name, None)
         _moe_blocks.clear()
+        if self.residual_pass is not None:
+            _unset_residual_pass(self.residual_pass)
+            self.residual_pass = None
         if self.sdpa:
             F.scaled_dot_product_attention = _SDPA
         if self.hf_sdpa is not None and self.hf_sdpa._global_mapping.get("sdpa") is _hf_sdpa:
@@ -595,7 +638,9 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
 
     `fold_norms`: fold each decoder-layer RMSNorm (tuner.layouts.norm_folds) whose every
     projection the export serves with norm-capable gemv configs (`_fold_served`) into those
-    projections (tuner.norm_linear; docs/ab.md, "Folded norms")."""
+    projections (tuner.norm_linear, on weight copies with the norm's weight folded in), and
+    have Inductor fold the residual adds after tuned projections into their kernels
+    (`fuse_residual_adds`; docs/ab.md, "Folded norms")."""
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         from .errors import TunerError
@@ -631,20 +676,6 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
                 router.__dict__["_tuner_linear"] = structure  # `_linear_routed`
                 router.forward = types.MethodType(_router_forward, router)
                 handle.routers.append(router)
-    if fold_norms and "gemv" in families:
-        routed = {id(lin) for lin in handle.linears}
-        for norm, projections in norm_folds(model):
-            if ("forward" in norm.__dict__ or not all(id(lin) in routed for lin in projections)
-                    or any(norm.weight.dtype != lin.weight.dtype
-                           or norm.weight.device != lin.weight.device for lin in projections)
-                    or not all(_fold_served(lin) for lin in projections)):
-                continue
-            eps = rms_norm_eps(norm)
-            for lin in projections:
-                lin.__dict__["_tuner_norm"] = (norm, eps)  # not a submodule: no state_dict entry
-                lin.forward = types.MethodType(_norm_linear_forward, lin)
-            norm.forward = types.MethodType(_folded_norm_forward, norm)
-            handle.norms.append(norm)
     if "moe" in families:
         from . import serving_mlp
 
@@ -660,6 +691,8 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
         for module in model.modules():
             if "forward" not in module.__dict__ and serving_mlp.route_mlp(module):
                 handle.mlps.append(module)
+    if fold_norms and "gemv" in families:
+        _fold_norms(model, handle)
     if "attention" in families:
         import tuner_kernels.attention  # noqa: F401 - it keeps torch's own SDPA before the name moves
 
@@ -672,6 +705,121 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
             interface._global_mapping["sdpa"] = _hf_sdpa
             handle.hf_sdpa = interface
     return handle
+
+
+def _fold_norms(model: torch.nn.Module, handle: Installed) -> None:
+    """install's fold_norms: each norm of tuner.layouts.norm_folds whose every projection is
+    routed and served with norm-capable configs (`_fold_served`), and not a dense MLP's that
+    tuner.moe serves, passes its input through; its projections call tuner.norm_linear on a
+    copy of their weight with the norm's weight folded in (one more copy of those weights in
+    memory, made now: install again after loading other weights). Then the residual adds after
+    tuned projections go into their kernels under Inductor (`_ResidualAddPass`)."""
+    from tuner_kernels.gemv import fold_norm_weight
+
+    routed = {id(lin) for lin in handle.linears}
+    on_moe = {id(getattr(mlp, name, None)) for mlp in handle.mlps
+              for name in ("gate_proj", "up_proj")}
+    for norm, projections in norm_folds(model):
+        if ("forward" in norm.__dict__ or not all(id(lin) in routed for lin in projections)
+                or any(id(lin) in on_moe for lin in projections)
+                or any(norm.weight.dtype != lin.weight.dtype
+                       or norm.weight.device != lin.weight.device for lin in projections)
+                or not all(_fold_served(lin) for lin in projections)):
+            continue
+        eps = rms_norm_eps(norm)
+        with torch.no_grad():
+            for lin in projections:  # not a submodule or buffer: no state_dict entry
+                lin.__dict__["_tuner_norm"] = (norm, eps, fold_norm_weight(lin.weight, norm.weight))
+                lin.forward = types.MethodType(_norm_linear_forward, lin)
+        norm.forward = types.MethodType(_folded_norm_forward, norm)
+        handle.norms.append(norm)
+    handle.residual_pass = _set_residual_pass()
+
+
+# ---------------------------------------------------------------- residual adds into kernels
+def fuse_residual_adds(graph: torch.fx.Graph) -> int:
+    """Rewrite a post-grad FX graph: every ``add(a, b)`` of two same-shape, same-dtype tensors
+    where one is a ``tuner.linear`` call used by that add alone becomes one
+    ``tuner.linear_add(x, weight, bias, other)``: a decoder layer's residual add after its o or
+    down projection, done in the kernel's epilogue (no kernel of its own between two tuned
+    projections). Returns how many adds it rewrote."""
+    linear_op, add_op = torch.ops.tuner.linear.default, torch.ops.aten.add.Tensor
+    fused = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not add_op or node.kwargs \
+                or len(node.args) != 2:
+            continue
+        for lin, other in (node.args, node.args[::-1]):
+            if (isinstance(lin, torch.fx.Node) and lin.target is linear_op and not lin.kwargs
+                    and len(lin.args) == 3 and len(lin.users) == 1
+                    and isinstance(other, torch.fx.Node) and _same_meta(lin, other, node)):
+                with graph.inserting_before(node):
+                    new = graph.call_function(torch.ops.tuner.linear_add.default,
+                                              (*lin.args, other))
+                new.meta.update(node.meta)
+                node.replace_all_uses_with(new)
+                graph.erase_node(node)
+                graph.erase_node(lin)
+                fused += 1
+                break
+    return fused
+
+
+def _same_meta(*nodes: torch.fx.Node) -> bool:
+    """Whether the nodes' traced values have one dtype, device and shape (no broadcast, no
+    promotion), as far as the shapes are known statically."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    vals = [n.meta.get("val") for n in nodes]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        return False
+    first = vals[0]
+    return all(v.dtype == first.dtype and v.device == first.device and v.dim() == first.dim()
+               and all(statically_known_true(a == b) for a, b in zip(v.shape, first.shape))
+               for v in vals[1:])
+
+
+def _residual_pass_class():
+    from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+    class ResidualAddPass(CustomGraphPass):
+        """Inductor's post_grad_custom_post_pass while a fold_norms install is active: the
+        pass that was there before (if any), then `fuse_residual_adds`."""
+
+        def __init__(self, prior=None):
+            self.prior = prior
+
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            if self.prior is not None:
+                self.prior(graph)
+            fuse_residual_adds(graph)
+
+        def uuid(self):
+            prior = None
+            if self.prior is not None:
+                prior = getattr(self.prior, "uuid", lambda: None)()
+                if prior is None:  # a prior pass without an id: no FX graph caching
+                    return None
+            return (get_hash_for_files((__file__,)).hex(), prior)
+
+    return ResidualAddPass
+
+
+def _set_residual_pass():
+    """Put a ResidualAddPass in Inductor's post-grad custom pass (chaining the one there);
+    returns it, for `Installed.uninstall` to take out again."""
+    import torch._inductor.config as inductor_config
+
+    ours = _residual_pass_class()(inductor_config.post_grad_custom_post_pass)
+    inductor_config.post_grad_custom_post_pass = ours
+    return ours
+
+
+def _unset_residual_pass(ours) -> None:
+    import torch._inductor.config as inductor_config
+
+    if inductor_config.post_grad_custom_post_pass is ours:
+        inductor_config.post_grad_custom_post_pass = ours.prior
 
 
 @contextlib.contextmanager

@@ -22,9 +22,12 @@ the W rows as wgmma's M side, W through TMA stages on sm90; pointer loads on hip
 family also uses (SWAP_AB = 1).
 
 The FMA kernel without split-K can carry the RMSNorm before the linear (NORM, `norm_capable`):
-y = (rmsnorm(x) * norm_weight) @ Wᵀ from the raw x rows, each row's sum of squares accumulated in
-the same loop and its 1 / rms applied to the row sums (tuner.serving folds a decoder layer's norm
-into its projections with it).
+y = rmsnorm(x) @ W'ᵀ from the raw x rows, W' = W · diag(norm weight) folded once by the caller
+(`fold_norm_weight`, so the kernel reads no more than the plain one), each row's sum of squares
+accumulated in the same loop and its 1 / rms applied to the row sums. Its epilogue, and the
+split-K reduce, can add a residual [m, n] (HAS_RES, `residual_capable`). tuner.serving folds a
+decoder layer's norms into its projections and its residual adds into the projections before
+them with these.
 
 Parameters (config dict): ROWS_PER_BLOCK, BLOCK_K, SPLIT_K, USE_DOT, num_warps, num_stages, and
 on hip waves_per_eu. The baseline is torch.nn.functional.linear (cuBLAS / hipBLASLt); the
@@ -47,8 +50,8 @@ from tuner_kernels.cost import gemm_cost
 __all__ = ["DOT_ROWS", "FAMILY", "HIP_OPTIONS", "KERNEL_PARAMS", "LAUNCH_OPTIONS", "MAX_M",
            "OPTIONAL_PARAMS", "REDUCE_BLOCK_N", "SKINNY_SOURCE", "baseline", "bytes_moved",
            "check_config", "default_config", "flops", "gemv", "k_per_split", "launch",
-           "launch_plan", "make_inputs", "norm_capable", "reference", "rms_norm",
-           "shape_from_row", "shape_key"]
+           "launch_plan", "make_inputs", "norm_capable", "fold_norm_weight", "reference",
+           "residual_capable", "rms_norm", "shape_from_row", "shape_key"]
 
 MAX_M = 8
 KERNEL_PARAMS = ("ROWS_PER_BLOCK", "BLOCK_K", "SPLIT_K")
@@ -63,12 +66,13 @@ SKINNY_SOURCE = Path(skinny.__file__).resolve()
 
 # --------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, norm_ptr, N, K, k_per_split, eps,
-                 stride_xm, stride_wn, stride_om,
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, res_ptr, N, K, k_per_split, eps,
+                 stride_xm, stride_wn, stride_om, stride_rm,
                  M: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                  STATIC_KPS: tl.constexpr = 0, PIPE_STAGES: tl.constexpr = 1,
-                 W_PREFETCH: tl.constexpr = 0, X_CACHE: tl.constexpr = "", NORM: tl.constexpr = 0):
+                 W_PREFETCH: tl.constexpr = 0, X_CACHE: tl.constexpr = "", NORM: tl.constexpr = 0,
+                 HAS_RES: tl.constexpr = 0):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * ROWS_PER_BLOCK + tl.arange(0, ROWS_PER_BLOCK)
@@ -139,62 +143,52 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, norm_ptr, N, K, k_pe
         else:
             w = tl.load(w_rows + offs_k[None, :], mask=k_mask, other=k_other,
                         eviction_policy="evict_first").to(tl.float32)
-        if NORM:  # the norm's weight along k, as x
-            nw = tl.load(norm_ptr + offs_2d, mask=k_mask, other=k_other).to(tl.float32)
         x0 = tl.load(x_ptr + offs_2d, mask=k_mask, other=k_other,
                      cache_modifier=X_CACHE).to(tl.float32)
         if NORM:
             ss0 += x0 * x0
-            x0 = x0 * nw
         acc0 += w * x0
         if M > 1:
             x1 = tl.load(x_ptr + 1 * stride_xm + offs_2d, mask=k_mask, other=k_other,
                          cache_modifier=X_CACHE).to(tl.float32)
             if NORM:
                 ss1 += x1 * x1
-                x1 = x1 * nw
             acc1 += w * x1
         if M > 2:
             x2 = tl.load(x_ptr + 2 * stride_xm + offs_2d, mask=k_mask, other=k_other,
                          cache_modifier=X_CACHE).to(tl.float32)
             if NORM:
                 ss2 += x2 * x2
-                x2 = x2 * nw
             acc2 += w * x2
         if M > 3:
             x3 = tl.load(x_ptr + 3 * stride_xm + offs_2d, mask=k_mask, other=k_other,
                          cache_modifier=X_CACHE).to(tl.float32)
             if NORM:
                 ss3 += x3 * x3
-                x3 = x3 * nw
             acc3 += w * x3
         if M > 4:
             x4 = tl.load(x_ptr + 4 * stride_xm + offs_2d, mask=k_mask, other=k_other,
                          cache_modifier=X_CACHE).to(tl.float32)
             if NORM:
                 ss4 += x4 * x4
-                x4 = x4 * nw
             acc4 += w * x4
         if M > 5:
             x5 = tl.load(x_ptr + 5 * stride_xm + offs_2d, mask=k_mask, other=k_other,
                          cache_modifier=X_CACHE).to(tl.float32)
             if NORM:
                 ss5 += x5 * x5
-                x5 = x5 * nw
             acc5 += w * x5
         if M > 6:
             x6 = tl.load(x_ptr + 6 * stride_xm + offs_2d, mask=k_mask, other=k_other,
                          cache_modifier=X_CACHE).to(tl.float32)
             if NORM:
                 ss6 += x6 * x6
-                x6 = x6 * nw
             acc6 += w * x6
         if M > 7:
             x7 = tl.load(x_ptr + 7 * stride_xm + offs_2d, mask=k_mask, other=k_other,
                          cache_modifier=X_CACHE).to(tl.float32)
             if NORM:
                 ss7 += x7 * x7
-                x7 = x7 * nw
             acc7 += w * x7
 
     if SPLIT_K == 1:
@@ -203,18 +197,22 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, norm_ptr, N, K, k_pe
     else:
         base = part_ptr + pid_k * M * N  # fp32 workspace [SPLIT_K, M, N]
         stride = N
-    # the bias joins in the epilogue (fp32, before the cast); with split-K the reduce adds it
+    # the bias and (HAS_RES) the residual rows join in the epilogue (fp32, before the cast);
+    # with split-K the reduce adds them
     bias = tl.zeros([ROWS_PER_BLOCK], dtype=tl.float32)
     if HAS_BIAS and SPLIT_K == 1:
         bias = tl.load(bias_ptr + rows_safe).to(tl.float32)
     # row sums over k (NORM: times each x row's 1 / rms, the norm's scale, which factors out of
-    # the sum), cast to the destination (out dtype, or the fp32 workspace)
+    # the sum; its weight is folded into W by the caller), cast to the destination (out dtype,
+    # or the fp32 workspace)
     ty = base.dtype.element_ty
     if NORM:  # one reduction of both sums
         y0, s0 = tl.split(tl.sum(tl.join(acc0, ss0), axis=1))
         y0 = y0 * tl.rsqrt(s0 / K + eps)
     else:
         y0 = tl.sum(acc0, axis=1)
+    if HAS_RES and SPLIT_K == 1:
+        y0 += tl.load(res_ptr + 0 * stride_rm + rows, mask=n_mask).to(tl.float32)
     tl.store(base + rows, (y0 + bias).to(ty), mask=n_mask)
     if M > 1:
         if NORM:  # one reduction of both sums
@@ -222,6 +220,8 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, norm_ptr, N, K, k_pe
             y1 = y1 * tl.rsqrt(s1 / K + eps)
         else:
             y1 = tl.sum(acc1, axis=1)
+        if HAS_RES and SPLIT_K == 1:
+            y1 += tl.load(res_ptr + 1 * stride_rm + rows, mask=n_mask).to(tl.float32)
         tl.store(base + 1 * stride + rows, (y1 + bias).to(ty), mask=n_mask)
     if M > 2:
         if NORM:  # one reduction of both sums
@@ -229,6 +229,8 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, norm_ptr, N, K, k_pe
             y2 = y2 * tl.rsqrt(s2 / K + eps)
         else:
             y2 = tl.sum(acc2, axis=1)
+        if HAS_RES and SPLIT_K == 1:
+            y2 += tl.load(res_ptr + 2 * stride_rm + rows, mask=n_mask).to(tl.float32)
         tl.store(base + 2 * stride + rows, (y2 + bias).to(ty), mask=n_mask)
     if M > 3:
         if NORM:  # one reduction of both sums
@@ -236,6 +238,8 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, norm_ptr, N, K, k_pe
             y3 = y3 * tl.rsqrt(s3 / K + eps)
         else:
             y3 = tl.sum(acc3, axis=1)
+        if HAS_RES and SPLIT_K == 1:
+            y3 += tl.load(res_ptr + 3 * stride_rm + rows, mask=n_mask).to(tl.float32)
         tl.store(base + 3 * stride + rows, (y3 + bias).to(ty), mask=n_mask)
     if M > 4:
         if NORM:  # one reduction of both sums
@@ -243,6 +247,8 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, norm_ptr, N, K, k_pe
             y4 = y4 * tl.rsqrt(s4 / K + eps)
         else:
             y4 = tl.sum(acc4, axis=1)
+        if HAS_RES and SPLIT_K == 1:
+            y4 += tl.load(res_ptr + 4 * stride_rm + rows, mask=n_mask).to(tl.float32)
         tl.store(base + 4 * stride + rows, (y4 + bias).to(ty), mask=n_mask)
     if M > 5:
         if NORM:  # one reduction of both sums
@@ -250,6 +256,8 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, norm_ptr, N, K, k_pe
             y5 = y5 * tl.rsqrt(s5 / K + eps)
         else:
             y5 = tl.sum(acc5, axis=1)
+        if HAS_RES and SPLIT_K == 1:
+            y5 += tl.load(res_ptr + 5 * stride_rm + rows, mask=n_mask).to(tl.float32)
         tl.store(base + 5 * stride + rows, (y5 + bias).to(ty), mask=n_mask)
     if M > 6:
         if NORM:  # one reduction of both sums
@@ -257,6 +265,8 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, norm_ptr, N, K, k_pe
             y6 = y6 * tl.rsqrt(s6 / K + eps)
         else:
             y6 = tl.sum(acc6, axis=1)
+        if HAS_RES and SPLIT_K == 1:
+            y6 += tl.load(res_ptr + 6 * stride_rm + rows, mask=n_mask).to(tl.float32)
         tl.store(base + 6 * stride + rows, (y6 + bias).to(ty), mask=n_mask)
     if M > 7:
         if NORM:  # one reduction of both sums
@@ -264,6 +274,8 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, norm_ptr, N, K, k_pe
             y7 = y7 * tl.rsqrt(s7 / K + eps)
         else:
             y7 = tl.sum(acc7, axis=1)
+        if HAS_RES and SPLIT_K == 1:
+            y7 += tl.load(res_ptr + 7 * stride_rm + rows, mask=n_mask).to(tl.float32)
         tl.store(base + 7 * stride + rows, (y7 + bias).to(ty), mask=n_mask)
 
 
@@ -312,10 +324,11 @@ def _gemv_dot_kernel(x_ptr, w_ptr, out_ptr, part_ptr, bias_ptr, N, K, k_per_spli
 
 
 @triton.jit
-def _splitk_reduce_kernel(part_ptr, out_ptr, bias_ptr, N, stride_om,
+def _splitk_reduce_kernel(part_ptr, out_ptr, bias_ptr, res_ptr, N, stride_om, stride_rm,
                           M: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                          HAS_BIAS: tl.constexpr):
-    """out[m, n] = sum over s = 0..SPLIT_K-1 of part[s, m, n], always in that order (+ bias)."""
+                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr = 0):
+    """out[m, n] = sum over s = 0..SPLIT_K-1 of part[s, m, n], always in that order (+ bias,
+    + residual[m, n])."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -325,6 +338,8 @@ def _splitk_reduce_kernel(part_ptr, out_ptr, bias_ptr, N, stride_om,
         acc += tl.load(part_ptr + (s * M + pid_m) * N + offs, mask=mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        acc += tl.load(res_ptr + pid_m * stride_rm + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + pid_m * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -363,9 +378,22 @@ def check_config(config: dict) -> None:
 
 
 def norm_capable(config: dict) -> bool:
-    """Whether the config's kernel can carry an RMSNorm prologue (`launch_plan`'s norm_weight):
+    """Whether the config's kernel can carry an RMSNorm prologue (`launch_plan`'s norm_eps):
     the FMA kernel (USE_DOT 0) without split-K, whose programs each see whole x rows."""
     return int(config.get("USE_DOT", 0)) == 0 and int(config.get("SPLIT_K", 1)) == 1
+
+
+def residual_capable(config: dict) -> bool:
+    """Whether the config's launches can add a residual in their epilogue (`launch_plan`'s
+    residual): the FMA kernel's, or the split-K reduce of any kernel."""
+    return int(config.get("USE_DOT", 0)) == 0 or int(config.get("SPLIT_K", 1)) > 1
+
+
+def fold_norm_weight(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+    """W · diag(norm_weight) in W's dtype, rounded once from fp32: the projection weight that
+    takes the RMSNorm's weight into it, so the kernel carrying the norm reads no more than the
+    plain kernel (linear(rmsnorm(x) * g, W) = linear(rmsnorm(x), W · diag(g)))."""
+    return (weight.to(torch.float32) * norm_weight.to(torch.float32)).to(weight.dtype)
 
 
 def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
@@ -374,14 +402,16 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     inputs {"x": [m, k] (m <= 8), "weight": [n, k] contiguous in k, "bias": [n] or absent};
     works on meta tensors (offline compiles).
 
-    With "norm_weight" [k] (and "eps", default 1e-6) the kernel computes
-    y = (rmsnorm(x) * norm_weight) @ weight.T (+ bias) from the raw x rows: each x row's sum of
-    squares accumulates in the same loop as the products with norm_weight * x, and the row's
+    With "norm_eps" (a float) the kernel computes y = rmsnorm(x) @ weight.T (+ bias) from the
+    raw x rows, the norm's own weight already folded into `weight` (`fold_norm_weight`): each x
+    row's sum of squares accumulates in the same loop as its products with W, and the row's
     1 / sqrt(mean(x²) + eps) scales the row sums at the end (the norm's own launch, and its
-    rounding of the normed x to x's dtype, are gone). Only a `norm_capable` config."""
+    rounding of the normed x to x's dtype, are gone). Only a `norm_capable` config.
+    With "residual" [m, n] the epilogue adds it (fp32, before the one rounding): a decoder
+    layer's residual add after its o / down projection. Only a `residual_capable` config."""
     check_config(config)
     x, weight, bias = inputs["x"], inputs["weight"], inputs.get("bias")
-    norm_weight = inputs.get("norm_weight")
+    norm_eps, residual = inputs.get("norm_eps"), inputs.get("residual")
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"gemv needs x[m, k] and weight[n, k], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")
@@ -397,13 +427,18 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
         if bias.shape != (n,):
             raise ValueError(f"gemv bias must be [{n}], got {tuple(bias.shape)}")
         bias = bias.contiguous()
-    if norm_weight is not None:
-        if not norm_capable(config):
-            raise ValueError("gemv's RMSNorm prologue needs USE_DOT 0 and SPLIT_K 1, got "
+    if norm_eps is not None and not norm_capable(config):
+        raise ValueError("gemv's RMSNorm prologue needs USE_DOT 0 and SPLIT_K 1, got "
+                         f"USE_DOT {config.get('USE_DOT', 0)}, SPLIT_K {config['SPLIT_K']}")
+    if residual is not None:
+        if not residual_capable(config):
+            raise ValueError("gemv's residual epilogue needs USE_DOT 0 or SPLIT_K > 1, got "
                              f"USE_DOT {config.get('USE_DOT', 0)}, SPLIT_K {config['SPLIT_K']}")
-        if norm_weight.shape != (k,):
-            raise ValueError(f"gemv norm_weight must be [{k}], got {tuple(norm_weight.shape)}")
-        norm_weight = norm_weight.contiguous()
+        if residual.shape != (m, n) or residual.dtype != x.dtype:
+            raise ValueError(f"gemv residual must be [{m}, {n}] {x.dtype}, got "
+                             f"{tuple(residual.shape)} {residual.dtype}")
+        if residual.stride(1) != 1:
+            residual = residual.contiguous()
     if out is None:
         out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     elif out.shape != (m, n) or out.stride(1) != 1:
@@ -427,7 +462,7 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
             options=launch_options(config, backend), balance=int(config.get("BALANCE_N", 0)) == 1)
         calls = [KernelCall(kernel, grid, args, meta, options)]
         if split_k > 1:
-            calls.append(_reduce_call(part, out, bias, m, n, split_k))
+            calls.append(_reduce_call(part, out, bias, m, n, split_k, residual))
         return out, calls
     kernel = _gemv_dot_kernel if use_dot else _gemv_kernel
     bias_arg = bias if has_bias else out  # never read when HAS_BIAS is False
@@ -438,38 +473,46 @@ def launch_plan(inputs: dict, config: dict, out: torch.Tensor | None = None,
     if kernel is _gemv_kernel:  # num_stages: 1 plain, 2 register double buffer, 3+ cp.async
         stages = int(config.get("num_stages", 1))
         meta.update(PIPE_STAGES=stages if stages > 2 else 1, W_PREFETCH=int(stages == 2),
-                    X_CACHE=".ca" if stages > 2 else "", NORM=int(norm_weight is not None))
-        args = (x, weight, out, part, bias_arg, out if norm_weight is None else norm_weight,
-                n, k, kps, float(inputs.get("eps", 1e-6)), *strides)
+                    X_CACHE=".ca" if stages > 2 else "", NORM=int(norm_eps is not None),
+                    HAS_RES=int(residual is not None))
+        args = (x, weight, out, part, bias_arg, out if residual is None else residual,
+                n, k, kps, 1e-6 if norm_eps is None else float(norm_eps), *strides,
+                0 if residual is None else residual.stride(0))
     else:
         args = (x, weight, out, part, bias_arg, n, k, kps, *strides)
     calls = [KernelCall(kernel, (cdiv(n, rows), split_k), args, meta,
                         launch_options(config, backend, num_stages=1))]
     if split_k > 1:
-        calls.append(_reduce_call(part, out, bias, m, n, split_k))
+        calls.append(_reduce_call(part, out, bias, m, n, split_k, residual))
     return out, calls
 
 
-def _reduce_call(part, out, bias, m: int, n: int, split_k: int) -> KernelCall:
-    """The fixed-order sum of the split-K partials [split_k, m, n] into out (+ bias)."""
-    has_bias = bias is not None
+def _reduce_call(part, out, bias, m: int, n: int, split_k: int, residual=None) -> KernelCall:
+    """The fixed-order sum of the split-K partials [split_k, m, n] into out (+ bias,
+    + residual)."""
+    has_bias, has_res = bias is not None, residual is not None
     return KernelCall(_splitk_reduce_kernel, (cdiv(n, REDUCE_BLOCK_N), m),
-                      (part, out, bias if has_bias else out, n, out.stride(0)),
-                      dict(M=m, SPLIT_K=split_k, BLOCK_N=REDUCE_BLOCK_N, HAS_BIAS=has_bias),
+                      (part, out, bias if has_bias else out, residual if has_res else out, n,
+                       out.stride(0), residual.stride(0) if has_res else 0),
+                      dict(M=m, SPLIT_K=split_k, BLOCK_N=REDUCE_BLOCK_N, HAS_BIAS=has_bias,
+                           HAS_RES=int(has_res)),
                       {"num_warps": 4})
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config: dict, out: torch.Tensor | None = None,
-         bias: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-         eps: float = 1e-6) -> torch.Tensor:
+         bias: torch.Tensor | None = None, norm_eps: float | None = None,
+         residual: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ weight.T (+ bias, fused in the epilogue) with the Triton kernel; x [m, k] (m <= 8),
-    weight [n, k] contiguous in k, bias [n]. With norm_weight [k]: y = (rmsnorm(x, eps) *
-    norm_weight) @ weight.T (+ bias), the norm carried by the kernel (`launch_plan`)."""
+    weight [n, k] contiguous in k, bias [n]. With norm_eps: y = rmsnorm(x, eps) @ weight.T
+    (+ bias), the norm carried by the kernel, its weight folded into `weight` by the caller
+    (`fold_norm_weight`); with residual [m, n]: + residual in the epilogue (`launch_plan`)."""
     inputs = {"x": x, "weight": weight}
     if bias is not None:
         inputs["bias"] = bias
-    if norm_weight is not None:
-        inputs.update(norm_weight=norm_weight, eps=eps)
+    if norm_eps is not None:
+        inputs["norm_eps"] = norm_eps
+    if residual is not None:
+        inputs["residual"] = residual
     out, calls = launch_plan(inputs, config, out)
     for call in calls:
         call.run()
@@ -553,16 +596,20 @@ def default_config(shape: dict, backend: str = "cuda", sm_count: int | None = No
 def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
     """x[m, k] and weight[n, k] with values ~ N(0, 1) / sqrt-scaled W (never zeros); with
     shape["bias"] also bias[n] (the addmm rows of a trace: q/k/v projections with bias); with
-    shape["norm"] also norm_weight[k] ~ 1 + N(0, 0.1) and eps 1e-6 (the RMSNorm prologue that
-    tuner.serving folds into the kernel: tests and offline compiles; no trace shape has it).
-    device="meta": shapes only (offline compiles)."""
+    shape["norm"] also norm_weight[k] ~ 1 + N(0, 0.1), eps 1e-6 and folded_weight (W with the
+    norm weight folded in, `fold_norm_weight`: the RMSNorm prologue tuner.serving folds into the
+    kernel); with shape["residual"] also residual[m, n] ~ N(0, 1) (the residual add the kernel's
+    epilogue takes). Neither is a trace shape's: tests, offline compiles and
+    scripts/gpu/norm_gemv_bench.py. device="meta": shapes only (offline compiles)."""
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
     dtype = DTYPES[str(shape.get("dtype", "bfloat16"))]
     dims = {"x": (m, k), "weight": (n, k)}
     if shape.get("bias"):
         dims["bias"] = (n,)
     if shape.get("norm"):
-        dims["norm_weight"] = (k,)
+        dims.update(norm_weight=(k,), folded_weight=(n, k))
+    if shape.get("residual"):
+        dims["residual"] = (m, n)
     if torch.device(device).type == "meta":
         inputs = {name: torch.empty(size, dtype=dtype, device="meta")
                   for name, size in dims.items()}
@@ -580,12 +627,20 @@ def make_inputs(shape: dict, device="cpu", seed: int = 0) -> dict:
         inputs["norm_weight"] = (1 + 0.1 * torch.randn((k,), generator=gen, device=device,
                                                        dtype=torch.float32)).to(dtype)
         inputs["eps"] = 1e-6
+        inputs["folded_weight"] = fold_norm_weight(weight, inputs["norm_weight"])
+    if "residual" in dims:
+        inputs["residual"] = torch.randn(dims["residual"], generator=gen, device=device,
+                                         dtype=torch.float32).to(dtype)
     return inputs
 
 
 def launch(inputs: dict, config: dict, out: torch.Tensor | None = None) -> torch.Tensor:
-    return gemv(inputs["x"], inputs["weight"], config, out=out, bias=inputs.get("bias"),
-                norm_weight=inputs.get("norm_weight"), eps=inputs.get("eps", 1e-6))
+    """The kernel on `make_inputs`' inputs: with a norm, on the folded weight."""
+    normed = inputs.get("norm_weight") is not None
+    return gemv(inputs["x"], inputs["folded_weight"] if normed else inputs["weight"], config,
+                out=out, bias=inputs.get("bias"),
+                norm_eps=inputs.get("eps", 1e-6) if normed else None,
+                residual=inputs.get("residual"))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -604,14 +659,18 @@ def _rms_normed(x: torch.Tensor, inputs: dict) -> torch.Tensor:
 
 
 def baseline(inputs: dict) -> torch.Tensor:
-    return torch.nn.functional.linear(_rms_normed(inputs["x"], inputs), inputs["weight"],
-                                      inputs.get("bias"))
+    """The layer's own path: the norm (if any), torch's linear, then the residual add (if any)."""
+    out = torch.nn.functional.linear(_rms_normed(inputs["x"], inputs), inputs["weight"],
+                                     inputs.get("bias"))
+    return out if inputs.get("residual") is None else inputs["residual"] + out
 
 
 def reference(inputs: dict) -> torch.Tensor:
     out = _rms_normed(inputs["x"].float(), inputs) @ inputs["weight"].float().T
     if inputs.get("bias") is not None:
         out = out + inputs["bias"].float()
+    if inputs.get("residual") is not None:
+        out = out + inputs["residual"].float()
     return out
 
 

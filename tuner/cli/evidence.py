@@ -87,8 +87,9 @@ def _add_ab(sub) -> None:
                    "baseline's)")
     p.add_argument("--fold-norms", action="store_true",
                    help="in the tuned arm, fold each decoder-layer RMSNorm whose projections the "
-                   "export serves with norm-capable gemv configs into them (tuner.serving.install's "
-                   "fold_norms; off by default: measured slower, BENCHMARKS.md)")
+                   "export serves with norm-capable gemv configs into them, and each residual "
+                   "add after a tuned projection into its kernel (tuner.serving.install's "
+                   "fold_norms; off by default until measured on a GPU: docs/ab.md)")
     p.add_argument("--compile", action="store_true",
                    help="the same as --baseline compile (kept for older scripts)")
     p.add_argument("--compile-backend", default="inductor", metavar="NAME",

@@ -74,12 +74,15 @@ GEMM_CORE = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", 
 # tuner::linear is tuner.serving's custom op (input [..., k], weight [n, k], like aten::linear):
 # a tuned call runs Triton kernels directly under it; a miss runs aten::linear inside it.
 # tuner::norm_linear (x [..., k], norm_weight [k], eps, weight [n, k], bias) is the same linear
-# with a decoder layer's RMSNorm folded in: its weight is input 3 (LINEAR_WEIGHT_INPUT).
-LINEAR_OPS = frozenset({"aten::linear", "tuner::linear", "tuner::norm_linear"})
+# with a decoder layer's RMSNorm folded in: its weight is input 3 (LINEAR_WEIGHT_INPUT);
+# tuner::linear_add (x, weight, bias, residual) is tuner::linear with the residual add after it.
+LINEAR_OPS = frozenset({"aten::linear", "tuner::linear", "tuner::norm_linear",
+                        "tuner::linear_add"})
 LINEAR_WEIGHT_INPUT = {"tuner::norm_linear": 3}
 # and the bias input of each: a tuned call (a hit) launches its kernel with the bias fused, no
 # aten::addmm below it to tell the bias by, so the row says it (`bias` = 1)
-LINEAR_BIAS_INPUT = {"aten::linear": 2, "tuner::linear": 2, "tuner::norm_linear": 4}
+LINEAR_BIAS_INPUT = {"aten::linear": 2, "tuner::linear": 2, "tuner::norm_linear": 4,
+                     "tuner::linear_add": 2}
 GEMM_WRAPPERS = frozenset({"aten::matmul"}) | LINEAR_OPS
 GEMM_OPS = GEMM_CORE | GEMM_WRAPPERS
 
