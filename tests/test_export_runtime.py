@@ -409,3 +409,23 @@ def test_an_m_without_an_entry_takes_the_nearest_bucket_and_the_export_says_the_
         served = runtime.resolve("gemm", {"m": m, **base})[0] is not None
         assert served == any(low <= m <= high for low, high in ranges), m
     assert runtime.served_m_ranges("gemm", dict(base, n=1024)) == []
+
+
+def test_the_kernel_hash_reads_the_code_not_its_comments_or_docstrings(tmp_path):
+    """An export survives an edit of a family module's comments, docstrings or layout and is
+    refused after an edit of any statement: the hash is of the code (code_digest)."""
+    import dataclasses
+
+    from tuner_kernels import code_digest
+
+    base = b'"""doc"""\nimport math\n\n\ndef f(a):\n    """f doc"""\n    return a + 1  # one\n'
+    same = b'"""other"""\nimport math\n\ndef f(a):\n    # a comment\n    return (a +\n            1)\n'
+    changed = b'"""doc"""\nimport math\n\n\ndef f(a):\n    """f doc"""\n    return a + 2\n'
+    assert code_digest(base) == code_digest(same) != code_digest(changed)
+    path = tmp_path / "family.py"
+    family = dataclasses.replace(GEMV, source_files=(path,))
+    hashes = []
+    for source in (base, same, changed):
+        path.write_bytes(source)
+        hashes.append(family.source_hash())
+    assert hashes[0] == hashes[1] != hashes[2]

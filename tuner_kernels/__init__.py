@@ -9,14 +9,15 @@ first asked for), and nothing in `tuner_kernels` imports the `tuner` pipeline at
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["COMMON_SOURCES", "FAMILY_MODULES", "KernelFamily", "family_names", "format_shape_key",
-           "get_family"]
+__all__ = ["COMMON_SOURCES", "FAMILY_MODULES", "KernelFamily", "code_digest", "family_names",
+           "format_shape_key", "get_family"]
 
 FAMILY_MODULES = {
     "gemv": "tuner_kernels.gemv",
@@ -53,8 +54,10 @@ class KernelFamily:
     - ``shape_from_row(row) -> dict | None``: a ShapeTable row to this family's shape dict, or
       None when the row is not this family's.
     - ``shape_key(shape) -> str``: a stable string such as ``m=1,n=4096,k=4096,dtype=bfloat16``.
-    - ``source_files``: every file whose bytes make up the kernel source hash in exports: the
-      family's module and every kernels module it uses (COMMON_SOURCES at least).
+    - ``source_files``: every file whose code makes up the kernel source hash in exports: the
+      family's module and every kernels module it uses (COMMON_SOURCES at least). The hash reads
+      their code, not their comments, docstrings or layout (`code_digest`): an export survives
+      an edit of those, and no edit of a statement.
     """
 
     name: str
@@ -73,8 +76,22 @@ class KernelFamily:
     def source_hash(self) -> str:
         h = hashlib.sha256()
         for path in self.source_files:
-            h.update(Path(path).read_bytes())
+            h.update(code_digest(Path(path).read_bytes()))
         return h.hexdigest()[:16]
+
+
+def code_digest(source: bytes) -> bytes:
+    """A Python module's code as a canonical string: its syntax tree without the docstrings of
+    the module, its classes and functions, without comments, line numbers or formatting
+    (ast.dump). Two sources with the same digest run the same statements."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, annotate_fields=False, include_attributes=False).encode()
 
 
 def family_names() -> list[str]:
