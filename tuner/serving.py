@@ -780,7 +780,9 @@ def _same_meta(*nodes: torch.fx.Node) -> bool:
 
 
 def _residual_pass_class():
-    from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+    import hashlib
+
+    from torch._inductor.custom_graph_pass import CustomGraphPass
 
     class ResidualAddPass(CustomGraphPass):
         """Inductor's post_grad_custom_post_pass while a fold_norms install is active: the
@@ -800,7 +802,7 @@ def _residual_pass_class():
                 prior = getattr(self.prior, "uuid", lambda: None)()
                 if prior is None:  # a prior pass without an id: no FX graph caching
                     return None
-            return (get_hash_for_files((__file__,)).hex(), prior)
+            return (hashlib.sha256(Path(__file__).read_bytes()).hexdigest(), prior)
 
     return ResidualAddPass
 

@@ -26,7 +26,9 @@
 # LAYERS: keep the first LAYERS decoder layers of every config (written under the work folder;
 #   a 48-layer MoE config and its fp32 reference do not fit one H200 together).
 # GPU_TESTS: pytest targets run first (marker gpu). AB_STEPS / AB_GROUPS / AB_REPLAYS: tuner ab's (8 / 10
-# / 8). AB_FLAGS: more tuner ab flags for every A/B (e.g. --fold-norms). AB_S: the timeout of one tuner ab (default 300 s; never past LIMIT_S, default 585, after
+# / 8). AB_FLAGS: more tuner ab flags for every A/B (e.g. --fold-norms). FOLD=1: after each
+# A/B, the same A/B again with --fold-norms (norms folded into the tuned projections, residual
+# adds into their kernels), into <its folder>-folded. AB_S: the timeout of one tuner ab (default 300 s; never past LIMIT_S, default 585, after
 # the start). DEADLINE_S: no new A/B starts after this many seconds (default 500). DEVICE_JSON: a
 # saved device profile (default the measured one of the card found, H200 or H100).
 # Writes $OUT/ab_baselines.log and $OUT/ab_baselines.tar.gz (every ab.json / ab.md, verdicts,
@@ -61,14 +63,20 @@ keep() {  # everything small of a folder into the tarball's tree, then the tarba
      -not -path './keep/*' -exec cp --parents {} "$W/keep/$2/" \;)
   tar -czf "$OUT/ab_baselines.tar.gz" -C "$W/keep" .
 }
-ab() {  # model batch export_dir out_dir baselines
+ab() {  # model batch export_dir out_dir baselines [more tuner ab flags]
   left=$(( LIMIT_S - $(date +%s) + T0 )); each=$AB_S; [ "$each" -gt "$left" ] && each=$left
   timeout "$left" python3 -m tuner.cli ab \
     --hf-config "$(config "$1")" --batch "$2" --export "$3" --baseline "$5" \
     --steps "$AB_STEPS" --groups "$AB_GROUPS" --replays "$AB_REPLAYS" --timeout "${each}s" -o "$4" ${AB_FLAGS:-} \
-    > "$4.log" 2>&1; echo "ab rc=$?" | tee -a "$LOG"
+    "${@:6}" > "$4.log" 2>&1; echo "ab rc=$?" | tee -a "$LOG"
   grep -v "Warning\|warn\|written:\|report:\|_TORCH_SDPA" "$4.log" | tail -n 60 | tee -a "$LOG"
   rm -rf "$4"/*/traces
+}
+folded_ab() {  # FOLD=1: the same A/B again, norms and residual adds folded (into <out_dir>-folded)
+  [ -n "${FOLD:-}" ] || return 0
+  late && { stamp "skip the folded ab $1 b$2 (deadline)"; return 0; }
+  stamp "$1 b$2: ab against $5 with the norms folded (--fold-norms)"
+  ab "$1" "$2" "$3" "$4-folded" "$5" --fold-norms
 }
 if [ -n "${GPU_TESTS:-}" ]; then
   stamp "gpu tests: $GPU_TESTS"
@@ -79,6 +87,7 @@ for item in ${SAVED:-}; do
   late && { stamp "skip $model b$batch (deadline)"; continue; }
   stamp "ab $model b$batch against $BASELINES (export $dir)"
   ab "$model" "$batch" "$dir" "$W/saved-$model-b$batch" "$BASELINES"
+  folded_ab "$model" "$batch" "$dir" "$W/saved-$model-b$batch" "$BASELINES"
   keep "$W" saved
 done
 for item in ${TUNE:-}; do
@@ -119,6 +128,7 @@ for item in ${TUNE:-}; do
   exp=$(ls -d "$D"/export/*/ 2>/dev/null | head -n 1)
   [ -n "$exp" ] || { stamp "$model b$batch: no export, no ab"; continue; }
   ab "$model" "$batch" "$exp" "$D/ab" "$BASELINES"
+  folded_ab "$model" "$batch" "$exp" "$D/ab" "$BASELINES"
   keep "$D" "tune-$model-b$batch"
   [ -n "${CONFIRM:-}" ] || continue
   abj=$(ls "$D"/ab/*-"$FIRST"/ab.json 2>/dev/null | head -n 1)
