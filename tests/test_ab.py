@@ -715,7 +715,9 @@ def test_fold_norms_folds_the_tuned_arms_norms_and_says_so(monkeypatch, tmp_path
         folded[fold] = data["serving"]["norms_folded"]
         v = abv.decide(data, label="tiny")
         assert v.outputs["error_ratio"] < 1.25
-        assert ("4 decoder-layer RMSNorms folded" in abv.markdown(v)) == fold
+        md = abv.markdown(v)
+        assert ("4 decoder-layer RMSNorms folded" in md) == fold
+        assert ("0 residual adds into the kernels" in md) == fold  # eager: nothing compiled
     assert folded == {True: 4, False: 0}
     runtime.reset()
 

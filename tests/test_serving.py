@@ -1011,13 +1011,14 @@ def test_install_with_folded_norms_puts_the_residual_pass_into_inductor_and_take
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(inductor_config, "post_grad_custom_post_pass", theirs)
         mp.setattr(serving, "fuse_residual_adds", counting)
-        with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=True):
+        with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=True) as handle:
             ours = inductor_config.post_grad_custom_post_pass
             assert ours is not theirs and ours.prior is theirs and ours.uuid()[1] == "theirs-1"
             torch._dynamo.reset()
             step = torch.compile(lambda x, r: r + torch.ops.tuner.linear(x, model[0].weight, None),
                                  backend="inductor", fullgraph=True)
             out = step(x, r)
+            assert handle.residual_adds_fused() == 1
         assert inductor_config.post_grad_custom_post_pass is theirs
     torch._dynamo.reset()
     assert calls == ["theirs"] and counted == [1]

@@ -89,6 +89,7 @@ _warned: set[tuple] = set()
 _enabled: set[str] = set(FAMILIES)  # families the installed handle routes
 _route_key = ""  # what the installed routing reads: export folder and families (see _attention_routed)
 _moe_blocks: dict[int, torch.nn.Module] = {}  # installed experts modules by their index (tuner.moe's `block`)
+_adds_fused = [0]  # residual adds the installed ResidualAddPass rewrote (Installed.residual_adds_fused)
 
 
 def _warn_once(key: tuple, message: str, *args) -> None:
@@ -585,6 +586,11 @@ class Installed:
         """{family: {shape: calls with no exported entry (the baseline ran)}} since install."""
         return {f: c for f, c in runtime.miss_counts().items() if f in self.families}
 
+    def residual_adds_fused(self) -> int:
+        """Residual adds the fold_norms pass moved into tuned kernels (tuner.linear_add) in the
+        graphs Inductor compiled since install (a graph Inductor's cache served is not counted)."""
+        return _adds_fused[0] if self.residual_pass is not None else 0
+
     def warmup(self, step=None, *, rows: tuple[int, ...] = ()) -> None:
         """Compile every kernel before any capture: run `step()` (e.g. one decode step) eagerly,
         and/or every installed linear and dense MLP on `rows` random rows (MoE experts modules
@@ -794,7 +800,7 @@ def _residual_pass_class():
         def __call__(self, graph: torch.fx.Graph) -> None:
             if self.prior is not None:
                 self.prior(graph)
-            fuse_residual_adds(graph)
+            _adds_fused[0] += fuse_residual_adds(graph)
 
         def uuid(self):
             prior = None
@@ -814,6 +820,7 @@ def _set_residual_pass():
 
     ours = _residual_pass_class()(inductor_config.post_grad_custom_post_pass)
     inductor_config.post_grad_custom_post_pass = ours
+    _adds_fused[0] = 0
     return ours
 
 

@@ -180,7 +180,8 @@ class _Arm:
             if handle is not None:
                 self.serving = {"status": handle.status(), "hits": handle.hits(),
                                 "misses": handle.misses(), "linears": len(handle.linears),
-                                "norms_folded": len(handle.norms)}
+                                "norms_folded": len(handle.norms),
+                                "residual_adds_fused": handle.residual_adds_fused()}
 
     def _capture(self) -> None:
         h = self.harness

@@ -597,7 +597,10 @@ def markdown(v: ABVerdict) -> str:
              + (f" Decode attention of the baseline arms: {v.attention_baseline} on the grouped "
                 f"KV cache." if v.attention_baseline else "")
              + (f" Tuned arm: {v.serving['norms_folded']} decoder-layer RMSNorms folded into the "
-                f"projections they feed (tuner.norm_linear)."
+                f"projections they feed (tuner.norm_linear), "
+                f"{(v.serving or {}).get('residual_adds_fused', 0)} residual adds into the "
+                f"kernels of the projections before them (tuner.linear_add; counted in the "
+                f"graphs Inductor compiled, not in one its cache served)."
                 if (v.serving or {}).get("norms_folded") else ""), ""]
     if v.crashed:
         return "\n".join(lines + [f"**Crashed:** {v.crashed}", "", "Verdict: FAIL (exit 3)", ""])
