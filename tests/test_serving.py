@@ -1010,6 +1010,7 @@ def test_install_with_folded_norms_puts_the_residual_pass_into_inductor_and_take
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(inductor_config, "post_grad_custom_post_pass", theirs)
+        mp.setattr(inductor_config, "force_disable_caches", True)  # a cached graph runs no pass
         mp.setattr(serving, "fuse_residual_adds", counting)
         with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=True) as handle:
             ours = inductor_config.post_grad_custom_post_pass
