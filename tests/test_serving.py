@@ -1046,3 +1046,24 @@ def test_a_profiled_linear_add_harvests_as_the_linear_it_is(device, tmp_path):
     rows = harvest.harvest([str(path)]).table
     gemm = rows[rows["op"] == "tuner::linear_add"].to_dict("records")
     assert [(r["m"], r["n"], r["k"]) for r in gemm] == [(1, 32, 64)]
+
+
+def test_a_residual_add_stays_in_the_graph_where_the_config_cannot_take_it(device):
+    """down_proj exported with the dot variant (no residual epilogue without split K): its
+    residual adds stay adds in the compiled step, for Inductor to fuse into the next norm; the
+    adds after o_proj (an FMA config) still go into its kernel."""
+    model = tiny_hf_model("qwen3")
+    down = model.model.layers[0].mlp.down_proj
+    dot = {"ROWS_PER_BLOCK": 16, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 4, "USE_DOT": 1,
+           "num_stages": 2, "BALANCE_N": 0}
+    export_linears_of(model, device, lambda s: dot if (s["n"], s["k"]) == (
+        down.out_features, down.in_features) else None)
+    fused = []
+    with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=True):
+        eager = model(torch.tensor([[3]])).logits
+        torch._dynamo.reset()
+        out = torch.compile(model, fullgraph=True, backend=_residual_backend(fused))(
+            torch.tensor([[3]])).logits
+    torch._dynamo.reset()
+    assert fused == [2]  # o_proj's, one a layer
+    assert rel_err(out, eager) < 1e-2

@@ -745,7 +745,8 @@ def _fold_norms(model: torch.nn.Module, handle: Installed) -> None:
 # ---------------------------------------------------------------- residual adds into kernels
 def fuse_residual_adds(graph: torch.fx.Graph) -> int:
     """Rewrite a post-grad FX graph: every ``add(a, b)`` of two same-shape, same-dtype tensors
-    where one is a ``tuner.linear`` call used by that add alone becomes one
+    where one is a ``tuner.linear`` call used by that add alone, of a weight whose every call the
+    export serves with a launch that takes the add (`_residual_served`), becomes one
     ``tuner.linear_add(x, weight, bias, other)``: a decoder layer's residual add after its o or
     down projection, done in the kernel's epilogue (no kernel of its own between two tuned
     projections). Returns how many adds it rewrote."""
@@ -758,7 +759,8 @@ def fuse_residual_adds(graph: torch.fx.Graph) -> int:
         for lin, other in (node.args, node.args[::-1]):
             if (isinstance(lin, torch.fx.Node) and lin.target is linear_op and not lin.kwargs
                     and len(lin.args) == 3 and len(lin.users) == 1
-                    and isinstance(other, torch.fx.Node) and _same_meta(lin, other, node)):
+                    and isinstance(other, torch.fx.Node) and _same_meta(lin, other, node)
+                    and _residual_served(lin.args[1], lin.args[2])):
                 with graph.inserting_before(node):
                     new = graph.call_function(torch.ops.tuner.linear_add.default,
                                               (*lin.args, other))
@@ -769,6 +771,28 @@ def fuse_residual_adds(graph: torch.fx.Graph) -> int:
                 fused += 1
                 break
     return fused
+
+
+def _residual_served(weight: torch.fx.Node, bias) -> bool:
+    """Whether the export serves every call of a linear of this weight (a graph node) with a
+    launch that adds a residual itself: gemv configs of its (n, k, dtype, bias), every one
+    residual-capable, and no gemm entry. Elsewhere the add would run after the kernel, inside
+    the op: a kernel of its own, where Inductor fuses it into the next norm."""
+    from tuner_kernels import gemv
+
+    val = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() != 2:
+        return False
+    try:
+        n, k = (int(d) for d in val.shape)
+    except (TypeError, ValueError):  # a symbolic weight shape: no structure to look up
+        return False
+    structure = (("n", n), ("k", k), ("dtype", str(val.dtype).removeprefix("torch.")),
+                 ("bias", None if bias is None else 1))
+    gemv_part, gemm_part = linear_lookup_parts(structure)
+    configs = runtime.matching_configs("gemv", gemv_part)
+    return (bool(configs) and all(gemv.residual_capable(c) for c in configs)
+            and not runtime.has_entries("gemm", gemm_part))
 
 
 def _same_meta(*nodes: torch.fx.Node) -> bool:
