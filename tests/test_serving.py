@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tuner_kernels import get_family
-from tuner import export, rank, runtime, serving
+from tuner import export, rank, runtime, serving, serving_fusion
 from tuner.parity import ParityFacts
 
 IDENTITY = {"key": "nvidia-h200", "name": "NVIDIA H200", "arch": "sm90", "backend": "cuda",
@@ -941,7 +941,7 @@ def _residual_backend(fused: list):
     from torch._functorch.aot_autograd import make_boxed_func
 
     def forward_compiler(gm, example_inputs):
-        fused.append(serving.fuse_residual_adds(gm.graph))
+        fused.append(serving_fusion.fuse_residual_adds(gm.graph))
         gm.recompile()
         return make_boxed_func(gm.forward)
 
@@ -1002,7 +1002,7 @@ def test_install_with_folded_norms_puts_the_residual_pass_into_inductor_and_take
     x = torch.randn(1, 64, generator=g).to(torch.bfloat16)
     r = torch.randn(1, 32, generator=g).to(torch.bfloat16)
     counted = []
-    original = serving.fuse_residual_adds
+    original = serving_fusion.fuse_residual_adds
 
     def counting(graph):
         counted.append(original(graph))
@@ -1011,7 +1011,7 @@ def test_install_with_folded_norms_puts_the_residual_pass_into_inductor_and_take
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(inductor_config, "post_grad_custom_post_pass", theirs)
         mp.setattr(inductor_config, "force_disable_caches", True)  # a cached graph runs no pass
-        mp.setattr(serving, "fuse_residual_adds", counting)
+        mp.setattr(serving_fusion, "fuse_residual_adds", counting)
         with serving.installed(model, export_dir=device / "nvidia-h200", fold_norms=True) as handle:
             ours = inductor_config.post_grad_custom_post_pass
             assert ours is not theirs and ours.prior is theirs and ours.uuid()[1] == "theirs-1"

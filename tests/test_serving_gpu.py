@@ -362,12 +362,13 @@ print(json.dumps({"folded": folded, "hits": sum(hits["gemv"].values()), "warned"
 
 
 FOLD_COMPILED_CHILD = EXPORT_ONE_ROW + r'''
+from tuner import serving_fusion
 from tuner.baselines import compile_step
 import torch._inductor.config as inductor_config
 inductor_config.force_disable_caches = True  # a graph from the cache runs no pass to count
 counted = []
-fuse = serving.fuse_residual_adds
-serving.fuse_residual_adds = lambda graph: counted.append(fuse(graph)) or counted[-1]
+fuse = serving_fusion.fuse_residual_adds
+serving_fusion.fuse_residual_adds = lambda graph: counted.append(fuse(graph)) or counted[-1]
 with torch.no_grad():
     h.decode = compile_step(h.decode, "compile", "inductor")
     with serving.installed(h.model, export_dir=root + "/" + ident["key"], families=("gemv",),

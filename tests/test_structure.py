@@ -83,15 +83,21 @@ def test_a_family_hash_covers_every_kernels_module_it_uses(family):
 
 
 def test_a_change_in_a_shared_kernel_module_changes_every_family_hash(monkeypatch):
+    """A statement added to a module every family uses changes every family's hash; a comment
+    changes none (the hash is of the code: tuner_kernels.code_digest)."""
     before = {name: get_family(name).source_hash() for name in kernels.family_names()}
     common = (ROOT / "tuner_kernels" / "common.py").resolve()
     read = Path.read_bytes
+    tail = {}
 
     def edited(self):
         data = read(self)
-        return data + b"\n# edited\n" if Path(self).resolve() == common else data
+        return data + tail["text"] if Path(self).resolve() == common else data
 
     monkeypatch.setattr(Path, "read_bytes", edited)
+    tail["text"] = b"\n# edited\n"
+    assert {name: get_family(name).source_hash() for name in kernels.family_names()} == before
+    tail["text"] = b"\nEDITED = 1\n"
     after = {name: get_family(name).source_hash() for name in kernels.family_names()}
     assert all(before[name] != after[name] for name in before)
 

@@ -14,7 +14,7 @@ tuner.runtime):
 - ``tuner.linear(x, weight, bias)``: x[..., k] with at most 8 rows on the gemv family, more on
   the gemm family (layout NT);
 - ``tuner.linear_add(x, weight, bias, residual)``: residual + that linear, the add in the gemv
-  kernel's epilogue (what `fuse_residual_adds` makes of a compiled step's residual adds);
+  kernel's epilogue (what tuner.serving_fusion makes of a compiled step's residual adds);
 - ``tuner.norm_linear(x, norm_weight, eps, weight, bias, folded_weight)``: the same linear of an
   RMSNorm'd x, the norm carried by the gemv kernel on the weight with the norm's folded in
   (`install`'s fold_norms);
@@ -32,14 +32,12 @@ Nothing compiles inside a capture: a kernel first met while a CUDA graph is bein
 warmed up) runs the baseline for that capture, with one warning. In a graph replay no Python
 runs, so hit counts count eager calls and captures.
 
-`install` gives modules an instance ``forward`` (uninstall deletes it):
-every nn.Linear calls ``tuner.linear`` (compiled: a call the export serves); with
-fold_norms, a decoder layer's RMSNorm whose projections the export serves with norm-capable
-configs passes its input through and those projections call ``tuner.norm_linear``
-(tuner.layouts.norm_folds), and Inductor's post-grad custom pass gets `fuse_residual_adds` (the
-residual add after a tuned projection goes into its kernel; uninstall takes the pass out); with "moe", the experts module of every MoE block whose stored
-weights the kernel reads as they are (tuner.layouts.moe_layout) calls ``tuner.moe`` with its own
-parameters (no copy), and every dense gated MLP (tuner.layouts.gated_mlp_layout) that the
+`install` gives modules an instance ``forward`` (uninstall deletes it): every nn.Linear calls
+``tuner.linear`` (compiled: a call the export serves); with fold_norms, tuner.serving_fusion
+folds a decoder layer's RMSNorms into the tuned projections they feed (``tuner.norm_linear``)
+and, compiled, its residual adds into their kernels; with "moe", the experts module of every
+MoE block whose stored weights the kernel reads as they are (tuner.layouts.moe_layout) calls
+``tuner.moe`` with its own parameters (no copy), and every dense gated MLP (tuner.layouts.gated_mlp_layout) that the
 export serves at experts 1 calls it too, its gate and up weights moved into one [2 · inter,
 hidden] tensor they are views of (tuner.serving_mlp: the only parameters install touches;
 same values, same Parameter objects; uninstall leaves them so); its router, a module of its own
@@ -68,12 +66,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import runtime
+from . import runtime, serving_fusion
 from .layouts import (DTYPES, FOLD_LAYERS, GEMV_MAX_ROWS, MODES_TRACE, LinearOnWeight,
                       decode_call_dims, decode_mask, gemv_shape, hf_attention_interface,
                       hf_structure, linear_call_shape, linear_lookup_parts, linear_structure,
                       moe_call_args, moe_call_shape, moe_layout, moe_routers, moe_tensors_fit,
-                      no_autograd, norm_folds, plain_kwargs, rms_norm_eps, runs_on as _runs_on)
+                      no_autograd, norm_folds, plain_kwargs, runs_on as _runs_on)
 
 __all__ = ["FOLD_LAYERS", "Installed", "decode_attention", "install", "installed", "linear", "moe",
            "moe_layout", "norm_folds", "norm_linear"]
@@ -89,7 +87,6 @@ _warned: set[tuple] = set()
 _enabled: set[str] = set(FAMILIES)  # families the installed handle routes
 _route_key = ""  # what the installed routing reads: export folder and families (see _attention_routed)
 _moe_blocks: dict[int, torch.nn.Module] = {}  # installed experts modules by their index (tuner.moe's `block`)
-_adds_fused = [0]  # residual adds the installed ResidualAddPass rewrote (Installed.residual_adds_fused)
 
 
 def _warn_once(key: tuple, message: str, *args) -> None:
@@ -144,7 +141,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            residual: torch.Tensor | None = None) -> torch.Tensor:
     """torch.nn.functional.linear: the tuned gemv (<= 8 rows) or gemm where the export has it.
     With `residual` (the linear's output shape and dtype): residual + linear(x, weight, bias),
-    the add in the gemv kernel's epilogue where its config takes one (`_ResidualAddPass` makes
+    the add in the gemv kernel's epilogue where its config takes one (tuner.serving_fusion makes
     such calls of a compiled step's residual adds)."""
     rows = _linear_rows(x, weight, bias)
     k, n = int(x.shape[-1]), int(weight.shape[0])
@@ -294,7 +291,7 @@ def _(x, weight, bias):
 @torch.library.custom_op("tuner::linear_add", mutates_args=())
 def _linear_add_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    residual: torch.Tensor) -> torch.Tensor:
-    """residual + tuner.linear(x, weight, bias), the add in the kernel (`_ResidualAddPass`)."""
+    """residual + tuner.linear(x, weight, bias), the add in the kernel (tuner.serving_fusion)."""
     out = linear(x, weight, bias, residual)
     return out.clone() if out is residual or out is x else out
 
@@ -382,29 +379,6 @@ def _linear_routed(structure: tuple, device_type: str, route_key: str) -> tuple:
     ranges += [(max(low, cut + 1), high) for low, high in runtime.served_m_ranges("gemm", gemm)
                if "gemm" in _enabled and high > cut]
     return tuple(ranges)
-
-
-def _norm_linear_forward(self, x):
-    norm, eps, folded = self.__dict__["_tuner_norm"]
-    if not no_autograd(x, norm.weight, self.weight, self.bias):  # the norm class's own forward
-        return F.linear(type(norm).forward(norm, x), self.weight, self.bias)
-    return torch.ops.tuner.norm_linear(x, norm.weight, eps, self.weight, self.bias, folded)
-
-
-def _folded_norm_forward(self, hidden_states):
-    return hidden_states  # a folded norm: the projections it fed apply it
-
-
-def _fold_served(linear_module: torch.nn.Linear) -> bool:
-    """Whether the export serves a projection's decode calls with the norm carried: gemv entries
-    of its structure, every one norm-capable, and no gemm entry (a gemm call would run the norm
-    on its own inside the op, once per projection, where the compiled step fuses it once)."""
-    from tuner_kernels import gemv
-
-    gemv_part, gemm_part = linear_lookup_parts(linear_module.__dict__["_tuner_linear"])
-    configs = runtime.matching_configs("gemv", gemv_part)
-    return (bool(configs) and all(gemv.norm_capable(c) for c in configs)
-            and not runtime.has_entries("gemm", gemm_part))
 
 
 def _experts_forward(self, *args, **kwargs):
@@ -589,7 +563,7 @@ class Installed:
     def residual_adds_fused(self) -> int:
         """Residual adds the fold_norms pass moved into tuned kernels (tuner.linear_add) in the
         graphs Inductor compiled since install (a graph Inductor's cache served is not counted)."""
-        return _adds_fused[0] if self.residual_pass is not None else 0
+        return self.residual_pass.fused if self.residual_pass is not None else 0
 
     def warmup(self, step=None, *, rows: tuple[int, ...] = ()) -> None:
         """Compile every kernel before any capture: run `step()` (e.g. one decode step) eagerly,
@@ -618,7 +592,7 @@ class Installed:
                 module.__dict__.pop(name, None)
         _moe_blocks.clear()
         if self.residual_pass is not None:
-            _unset_residual_pass(self.residual_pass)
+            serving_fusion.unset_residual_pass(self.residual_pass)
             self.residual_pass = None
         if self.sdpa:
             F.scaled_dot_product_attention = _SDPA
@@ -643,10 +617,10 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
     $TUNER_EXPORT_DIR, else artifacts/export/<this device>/).
 
     `fold_norms`: fold each decoder-layer RMSNorm (tuner.layouts.norm_folds) whose every
-    projection the export serves with norm-capable gemv configs (`_fold_served`) into those
+    projection the export serves with norm-capable gemv configs into those
     projections (tuner.norm_linear, on weight copies with the norm's weight folded in), and
     have Inductor fold the residual adds after tuned projections into their kernels
-    (`fuse_residual_adds`; docs/ab.md, "Folded norms")."""
+    (tuner.serving_fusion; docs/ab.md, "Folded norms")."""
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         from .errors import TunerError
@@ -698,7 +672,7 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
             if "forward" not in module.__dict__ and serving_mlp.route_mlp(module):
                 handle.mlps.append(module)
     if fold_norms and "gemv" in families:
-        _fold_norms(model, handle)
+        serving_fusion.fold_norms(model, handle)
     if "attention" in families:
         import tuner_kernels.attention  # noqa: F401 - it keeps torch's own SDPA before the name moves
 
@@ -711,148 +685,6 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
             interface._global_mapping["sdpa"] = _hf_sdpa
             handle.hf_sdpa = interface
     return handle
-
-
-def _fold_norms(model: torch.nn.Module, handle: Installed) -> None:
-    """install's fold_norms: each norm of tuner.layouts.norm_folds whose every projection is
-    routed and served with norm-capable configs (`_fold_served`), and not a dense MLP's that
-    tuner.moe serves, passes its input through; its projections call tuner.norm_linear on a
-    copy of their weight with the norm's weight folded in (one more copy of those weights in
-    memory, made now: install again after loading other weights). Then the residual adds after
-    tuned projections go into their kernels under Inductor (`_ResidualAddPass`)."""
-    from tuner_kernels.gemv import fold_norm_weight
-
-    routed = {id(lin) for lin in handle.linears}
-    on_moe = {id(getattr(mlp, name, None)) for mlp in handle.mlps
-              for name in ("gate_proj", "up_proj")}
-    for norm, projections in norm_folds(model):
-        if ("forward" in norm.__dict__ or not all(id(lin) in routed for lin in projections)
-                or any(id(lin) in on_moe for lin in projections)
-                or any(norm.weight.dtype != lin.weight.dtype
-                       or norm.weight.device != lin.weight.device for lin in projections)
-                or not all(_fold_served(lin) for lin in projections)):
-            continue
-        eps = rms_norm_eps(norm)
-        with torch.no_grad():
-            for lin in projections:  # not a submodule or buffer: no state_dict entry
-                lin.__dict__["_tuner_norm"] = (norm, eps, fold_norm_weight(lin.weight, norm.weight))
-                lin.forward = types.MethodType(_norm_linear_forward, lin)
-        norm.forward = types.MethodType(_folded_norm_forward, norm)
-        handle.norms.append(norm)
-    handle.residual_pass = _set_residual_pass()
-
-
-# ---------------------------------------------------------------- residual adds into kernels
-def fuse_residual_adds(graph: torch.fx.Graph) -> int:
-    """Rewrite a post-grad FX graph: every ``add(a, b)`` of two same-shape, same-dtype tensors
-    where one is a ``tuner.linear`` call used by that add alone, of a weight whose every call the
-    export serves with a launch that takes the add (`_residual_served`), becomes one
-    ``tuner.linear_add(x, weight, bias, other)``: a decoder layer's residual add after its o or
-    down projection, done in the kernel's epilogue (no kernel of its own between two tuned
-    projections). Returns how many adds it rewrote."""
-    linear_op, add_op = torch.ops.tuner.linear.default, torch.ops.aten.add.Tensor
-    fused = 0
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not add_op or node.kwargs \
-                or len(node.args) != 2:
-            continue
-        for lin, other in (node.args, node.args[::-1]):
-            if (isinstance(lin, torch.fx.Node) and lin.target is linear_op and not lin.kwargs
-                    and len(lin.args) == 3 and len(lin.users) == 1
-                    and isinstance(other, torch.fx.Node) and _same_meta(lin, other, node)
-                    and _residual_served(lin.args[1], lin.args[2])):
-                with graph.inserting_before(node):
-                    new = graph.call_function(torch.ops.tuner.linear_add.default,
-                                              (*lin.args, other))
-                new.meta.update(node.meta)
-                node.replace_all_uses_with(new)
-                graph.erase_node(node)
-                graph.erase_node(lin)
-                fused += 1
-                break
-    return fused
-
-
-def _residual_served(weight: torch.fx.Node, bias) -> bool:
-    """Whether the export serves every call of a linear of this weight (a graph node) with a
-    launch that adds a residual itself: gemv configs of its (n, k, dtype, bias), every one
-    residual-capable, and no gemm entry. Elsewhere the add would run after the kernel, inside
-    the op: a kernel of its own, where Inductor fuses it into the next norm."""
-    from tuner_kernels import gemv
-
-    val = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
-    if not isinstance(val, torch.Tensor) or val.dim() != 2:
-        return False
-    try:
-        n, k = (int(d) for d in val.shape)
-    except (TypeError, ValueError):  # a symbolic weight shape: no structure to look up
-        return False
-    structure = (("n", n), ("k", k), ("dtype", str(val.dtype).removeprefix("torch.")),
-                 ("bias", None if bias is None else 1))
-    gemv_part, gemm_part = linear_lookup_parts(structure)
-    configs = runtime.matching_configs("gemv", gemv_part)
-    return (bool(configs) and all(gemv.residual_capable(c) for c in configs)
-            and not runtime.has_entries("gemm", gemm_part))
-
-
-def _same_meta(*nodes: torch.fx.Node) -> bool:
-    """Whether the nodes' traced values have one dtype, device and shape (no broadcast, no
-    promotion), as far as the shapes are known statically."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    vals = [n.meta.get("val") for n in nodes]
-    if not all(isinstance(v, torch.Tensor) for v in vals):
-        return False
-    first = vals[0]
-    return all(v.dtype == first.dtype and v.device == first.device and v.dim() == first.dim()
-               and all(statically_known_true(a == b) for a, b in zip(v.shape, first.shape))
-               for v in vals[1:])
-
-
-def _residual_pass_class():
-    import hashlib
-
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-
-    class ResidualAddPass(CustomGraphPass):
-        """Inductor's post_grad_custom_post_pass while a fold_norms install is active: the
-        pass that was there before (if any), then `fuse_residual_adds`."""
-
-        def __init__(self, prior=None):
-            self.prior = prior
-
-        def __call__(self, graph: torch.fx.Graph) -> None:
-            if self.prior is not None:
-                self.prior(graph)
-            _adds_fused[0] += fuse_residual_adds(graph)
-
-        def uuid(self):
-            prior = None
-            if self.prior is not None:
-                prior = getattr(self.prior, "uuid", lambda: None)()
-                if prior is None:  # a prior pass without an id: no FX graph caching
-                    return None
-            return (hashlib.sha256(Path(__file__).read_bytes()).hexdigest(), prior)
-
-    return ResidualAddPass
-
-
-def _set_residual_pass():
-    """Put a ResidualAddPass in Inductor's post-grad custom pass (chaining the one there);
-    returns it, for `Installed.uninstall` to take out again."""
-    import torch._inductor.config as inductor_config
-
-    ours = _residual_pass_class()(inductor_config.post_grad_custom_post_pass)
-    inductor_config.post_grad_custom_post_pass = ours
-    _adds_fused[0] = 0
-    return ours
-
-
-def _unset_residual_pass(ours) -> None:
-    import torch._inductor.config as inductor_config
-
-    if inductor_config.post_grad_custom_post_pass is ours:
-        inductor_config.post_grad_custom_post_pass = ours.prior
 
 
 @contextlib.contextmanager
