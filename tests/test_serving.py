@@ -649,7 +649,7 @@ def test_a_folded_norm_computes_what_the_layer_computes(device, model_type):
     assert hits == sum(1 for m in handle.linears + handle.routers if m is not model.lm_head) + 1
     assert rel_err(folded, expected) < 2e-2 and rel_err(folded, unfolded) < 2e-2
     assert not torch.equal(folded, unfolded)  # the norm is the kernel's, rounded once
-    assert all(not ({"forward", "_tuner_linear", "_tuner_norm"} & set(m.__dict__))
+    assert all(not ({"forward", "_tuner_linear", "_tuner_norm", "_tuner_fold"} & set(m.__dict__))
                for m in model.modules())
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     assert torch.equal(model(token).logits, expected)
@@ -727,6 +727,36 @@ def test_the_folded_step_compiles_in_one_graph_without_the_norm(device):
     ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert sum("tuner.norm_linear" in op for op in ops) == 2 * 5
     assert sum("rsqrt" in op for op in ops) == 1 + 2 * 2  # the final norm; q_norm, k_norm
+
+
+def test_a_folded_model_runs_its_norms_unfolded_at_rows_the_export_does_not_serve(device):
+    """A prompt's forward (12 rows: no gemv entry serves it) of a folded model runs each norm
+    once and its projections on its output, as the unfolded install does (bit for bit, eager),
+    and its compiled graph holds no tuner.norm_linear; the decode token's still folds."""
+    model = tiny_hf_model("qwen3")
+    prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    export_linears_of(model, device)
+    folder = device / "nvidia-h200"
+    with serving.installed(model, export_dir=folder) as handle:
+        unfolded = model(prompt).logits
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with serving.installed(model, export_dir=folder, fold_norms=True) as handle:
+        assert len(handle.norms) == 4
+        folded = model(prompt).logits
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend=backend)
+        out = compiled(prompt).logits
+        compiled(torch.tensor([[3]]))
+    torch._dynamo.reset()
+    assert torch.equal(folded, unfolded) and torch.equal(out, folded)
+    ops = [[str(n.target) for n in g.graph.nodes if n.op == "call_function"] for g in graphs]
+    assert sum("tuner.norm_linear" in op for op in ops[0]) == 0
+    assert sum("tuner.norm_linear" in op for op in ops[-1]) == 2 * 5
 
 
 def test_norm_linear_outside_the_kernels_reach_runs_the_norm_then_the_linear(device):

@@ -588,7 +588,8 @@ class Installed:
         if not self.active:
             return
         for module in self.linears + self.routers + self.norms + self.experts + self.mlps:
-            for name in ("forward", "_tuner_linear", "_tuner_norm", "_tuner_moe", "_tuner_mlp"):
+            for name in ("forward", "_tuner_linear", "_tuner_norm", "_tuner_fold", "_tuner_moe",
+                         "_tuner_mlp"):
                 module.__dict__.pop(name, None)
         _moe_blocks.clear()
         if self.residual_pass is not None:

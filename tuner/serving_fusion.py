@@ -22,7 +22,6 @@ import types
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from . import runtime
 from .layouts import linear_lookup_parts, no_autograd, norm_folds, rms_norm_eps
@@ -31,12 +30,15 @@ __all__ = ["fold_norms", "fuse_residual_adds", "set_residual_pass", "unset_resid
 
 
 def fold_norms(model: torch.nn.Module, handle) -> None:
-    """tuner.serving.install's fold_norms, on its `handle` (an Installed): each norm of tuner.layouts.norm_folds whose every projection is
-    routed and served with norm-capable configs (`_fold_served`), and not a dense MLP's that
-    tuner.moe serves, passes its input through; its projections call tuner.norm_linear on a
-    copy of their weight with the norm's weight folded in (one more copy of those weights in
-    memory, made now: install again after loading other weights). Then the residual adds after
-    tuned projections go into their kernels under Inductor (`set_residual_pass`)."""
+    """tuner.serving.install's fold_norms, on its `handle` (an Installed): each norm of
+    tuner.layouts.norm_folds whose every projection is routed and served with norm-capable
+    configs (`_fold_served`), and not a dense MLP's that tuner.moe serves, is folded: at a call
+    the projections' gemv entries serve (`_fold_applies`: decode rows) it passes its input
+    through and its projections call tuner.norm_linear on a copy of their weight with the
+    norm's weight folded in (one more copy of those weights in memory, made now: install again
+    after loading other weights); at any other call (a prefill) the norm runs and the
+    projections take its output, as unfolded. Then the residual adds after tuned projections go
+    into their kernels under Inductor (`set_residual_pass`)."""
     from tuner_kernels.gemv import fold_norm_weight
 
     routed = {id(lin) for lin in handle.linears}
@@ -54,20 +56,47 @@ def fold_norms(model: torch.nn.Module, handle) -> None:
             for lin in projections:  # not a submodule or buffer: no state_dict entry
                 lin.__dict__["_tuner_norm"] = (norm, eps, fold_norm_weight(lin.weight, norm.weight))
                 lin.forward = types.MethodType(_norm_linear_forward, lin)
+        norm.__dict__["_tuner_fold"] = tuple(projections)  # not submodules: no state_dict entry
         norm.forward = types.MethodType(_folded_norm_forward, norm)
         handle.norms.append(norm)
     handle.residual_pass = set_residual_pass()
 
 
 def _norm_linear_forward(self, x):
+    """A folded projection: x is the norm's input where `_fold_applies` (the same decision the
+    norm took), else the norm's output."""
     norm, eps, folded = self.__dict__["_tuner_norm"]
-    if not no_autograd(x, norm.weight, self.weight, self.bias):  # the norm class's own forward
-        return F.linear(type(norm).forward(norm, x), self.weight, self.bias)
+    if not _fold_applies(norm, x):  # the norm ran: the projection as installed unfolded
+        from .serving import _routed_linear
+
+        return _routed_linear(self, x, self.weight, self.bias)
     return torch.ops.tuner.norm_linear(x, norm.weight, eps, self.weight, self.bias, folded)
 
 
 def _folded_norm_forward(self, hidden_states):
-    return hidden_states  # a folded norm: the projections it fed apply it
+    """A folded norm: its input, where the projections apply it (`_fold_applies`), else its
+    class's own forward."""
+    if _fold_applies(self, hidden_states):
+        return hidden_states
+    return type(self).forward(self, hidden_states)
+
+
+def _fold_applies(norm, x) -> bool:
+    """Whether a call of a folded norm (and of its projections, on the same rows) is folded: no
+    autograd records it (the ops have no backward) and x's rows are within the decode rows every
+    projection's gemv entries serve (tuner.serving._linear_routed's ranges: constants of the
+    install under torch.compile, guards on the rows where they are dynamic)."""
+    from . import serving
+    from .layouts import GEMV_MAX_ROWS
+
+    projections = norm.__dict__["_tuner_fold"]
+    if not no_autograd(x, norm.weight, *(p for lin in projections for p in (lin.weight, lin.bias))):
+        return False
+    k = x.shape[-1]
+    return all(any(low * k <= x.numel() <= min(high, GEMV_MAX_ROWS) * k for low, high in
+                   serving._linear_routed(lin.__dict__["_tuner_linear"], x.device.type,
+                                          serving._route_key))
+               for lin in projections)
 
 
 def _fold_served(linear_module: torch.nn.Linear) -> bool:
