@@ -673,7 +673,8 @@ def install(model: torch.nn.Module, export_dir: str | Path | None = None,
             if "forward" not in module.__dict__ and serving_mlp.route_mlp(module):
                 handle.mlps.append(module)
     if fold_norms and "gemv" in families:
-        serving_fusion.fold_norms(model, handle)
+        serving_fusion.fold_norms(model, handle, _routed_linear, lambda structure, device_type:
+                                  _linear_routed(structure, device_type, _route_key))
     if "attention" in families:
         import tuner_kernels.attention  # noqa: F401 - it keeps torch's own SDPA before the name moves
 

@@ -29,7 +29,7 @@ from .layouts import linear_lookup_parts, no_autograd, norm_folds, rms_norm_eps
 __all__ = ["fold_norms", "fuse_residual_adds", "set_residual_pass", "unset_residual_pass"]
 
 
-def fold_norms(model: torch.nn.Module, handle) -> None:
+def fold_norms(model: torch.nn.Module, handle, routed_linear, served_rows) -> None:
     """tuner.serving.install's fold_norms, on its `handle` (an Installed): each norm of
     tuner.layouts.norm_folds whose every projection is routed and served with norm-capable
     configs (`_fold_served`), and not a dense MLP's that tuner.moe serves, is folded: at a call
@@ -38,7 +38,9 @@ def fold_norms(model: torch.nn.Module, handle) -> None:
     norm's weight folded in (one more copy of those weights in memory, made now: install again
     after loading other weights); at any other call (a prefill) the norm runs and the
     projections take its output, as unfolded. Then the residual adds after tuned projections go
-    into their kernels under Inductor (`set_residual_pass`)."""
+    into their kernels under Inductor (`set_residual_pass`). `routed_linear(module, x, weight,
+    bias)` is an installed linear's call (tuner.serving's), `served_rows(structure, device_type)`
+    the rows ranges the export serves a linear structure at (tuner.serving._linear_routed)."""
     from tuner_kernels.gemv import fold_norm_weight
 
     routed = {id(lin) for lin in handle.linears}
@@ -54,9 +56,11 @@ def fold_norms(model: torch.nn.Module, handle) -> None:
         eps = rms_norm_eps(norm)
         with torch.no_grad():
             for lin in projections:  # not a submodule or buffer: no state_dict entry
-                lin.__dict__["_tuner_norm"] = (norm, eps, fold_norm_weight(lin.weight, norm.weight))
+                lin.__dict__["_tuner_norm"] = (norm, eps, fold_norm_weight(lin.weight, norm.weight),
+                                               routed_linear)
                 lin.forward = types.MethodType(_norm_linear_forward, lin)
-        norm.__dict__["_tuner_fold"] = tuple(projections)  # not submodules: no state_dict entry
+        # the projections are not submodules here: no state_dict entry
+        norm.__dict__["_tuner_fold"] = (tuple(projections), served_rows)
         norm.forward = types.MethodType(_folded_norm_forward, norm)
         handle.norms.append(norm)
     handle.residual_pass = set_residual_pass()
@@ -65,11 +69,9 @@ def fold_norms(model: torch.nn.Module, handle) -> None:
 def _norm_linear_forward(self, x):
     """A folded projection: x is the norm's input where `_fold_applies` (the same decision the
     norm took), else the norm's output."""
-    norm, eps, folded = self.__dict__["_tuner_norm"]
+    norm, eps, folded, routed_linear = self.__dict__["_tuner_norm"]
     if not _fold_applies(norm, x):  # the norm ran: the projection as installed unfolded
-        from .serving import _routed_linear
-
-        return _routed_linear(self, x, self.weight, self.bias)
+        return routed_linear(self, x, self.weight, self.bias)
     return torch.ops.tuner.norm_linear(x, norm.weight, eps, self.weight, self.bias, folded)
 
 
@@ -85,17 +87,15 @@ def _fold_applies(norm, x) -> bool:
     """Whether a call of a folded norm (and of its projections, on the same rows) is folded: no
     autograd records it (the ops have no backward) and x's rows are within the decode rows every
     projection's gemv entries serve (tuner.serving._linear_routed's ranges: constants of the
-    install under torch.compile, guards on the rows where they are dynamic)."""
-    from . import serving
+    install under torch.compile, guards on the rows where they are dynamic: `served_rows`)."""
     from .layouts import GEMV_MAX_ROWS
 
-    projections = norm.__dict__["_tuner_fold"]
+    projections, served_rows = norm.__dict__["_tuner_fold"]
     if not no_autograd(x, norm.weight, *(p for lin in projections for p in (lin.weight, lin.bias))):
         return False
     k = x.shape[-1]
     return all(any(low * k <= x.numel() <= min(high, GEMV_MAX_ROWS) * k for low, high in
-                   serving._linear_routed(lin.__dict__["_tuner_linear"], x.device.type,
-                                          serving._route_key))
+                   served_rows(lin.__dict__["_tuner_linear"], x.device.type))
                for lin in projections)
 
 
