@@ -37,12 +37,12 @@ runs, so hit counts count eager calls and captures.
 folds a decoder layer's RMSNorms into the tuned projections they feed (``tuner.norm_linear``)
 and, compiled, its residual adds into their kernels; with "moe", the experts module of every
 MoE block whose stored weights the kernel reads as they are (tuner.layouts.moe_layout) calls
-``tuner.moe`` with its own parameters (no copy), and every dense gated MLP (tuner.layouts.gated_mlp_layout) that the
-export serves at experts 1 calls it too, its gate and up weights moved into one [2 · inter,
-hidden] tensor they are views of (tuner.serving_mlp: the only parameters install touches;
-same values, same Parameter objects; uninstall leaves them so); its router, a module of its own
-(tuner.layouts.moe_routers), has its ``F.linear`` routed as an nn.Linear's
-(tuner.layouts.LinearOnWeight). With
+``tuner.moe`` with its own parameters (no copy), and every dense gated MLP
+(tuner.layouts.gated_mlp_layout) that the export serves at experts 1 calls it too, its gate and
+up weights moved into one [2 · inter, hidden] tensor they are views of (tuner.serving_mlp: the
+only parameters install touches; same values, same Parameter objects; uninstall leaves them
+so); its router, a module of its own (tuner.layouts.moe_routers), has its ``F.linear`` routed
+as an nn.Linear's (tuner.layouts.LinearOnWeight). With
 "attention" it routes ``torch.nn.functional.scaled_dot_product_attention`` (looked up by name at
 each call) and, in a process that has imported transformers, transformers' "sdpa" attention
 function: a decode call (one query token, no dropout, not causal, no mask or one of that query
@@ -148,14 +148,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if residual is not None and (residual.shape != (*x.shape[:-1], n)
                                  or residual.dtype != x.dtype or residual.device != x.device):
         return residual + linear(x, weight, bias)  # not the add the kernels take
-    if not rows:
-        out = F.linear(x, weight, bias)
-        return out if residual is None else residual + out
 
     def baseline():
         out = F.linear(x, weight, bias)
         return out if residual is None else residual + out
 
+    if not rows:
+        return baseline()
     x2 = x.reshape(rows, k)
     r2 = None if residual is None else residual.reshape(rows, n)
     family, shape = linear_call_shape(rows, n, k, x.dtype, bias)
