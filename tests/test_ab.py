@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
 
 from tuner import ab, runtime
 from tuner.ab import verdict as abv
+from tuner.ab import child as ab_child
 from tuner.ab.child import run_child
 from tuner.ab.measure import ABSettings, measure
 from tuner.cli import main
@@ -316,6 +318,18 @@ def test_a_measurement_past_its_timeout_is_said_to_have_timed_out(tmp_path):
     assert not result.ok
     assert result.reason.startswith("timed out: no result after 0.5s (at: ")
     assert "tuner ab --timeout" in result.reason
+
+
+def test_a_child_that_hangs_after_writing_its_measurement_keeps_the_result(tmp_path, monkeypatch):
+    monkeypatch.setenv("AB_TINY_HANG_AT_EXIT", "1")
+    monkeypatch.setattr(ab_child, "EXIT_GRACE_S", 1.0)
+    settings = ABSettings(batch=2, prompt=4, steps=2, groups=2, replays=1, device="cpu",
+                          reference=False, profile=False, families=("gemv",),
+                          out_dir=str(tmp_path / "ab"))
+    started = time.time()
+    result = run_child(("callable", TINY), settings, tmp_path / "work", timeout_s=300)
+    assert result.ok and result.reason == "" and result.data["group_us"]
+    assert time.time() - started < 120  # killed after the grace, not at the timeout
 
 
 def test_ab_without_a_gpu_says_what_it_would_run(capsys):

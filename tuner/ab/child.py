@@ -4,6 +4,9 @@ The parent writes a request (the harness spec and ABSettings as JSON) and starts
 ``python -m tuner.ab.child REQUEST``; the child appends each stage it starts to the progress
 file and writes the measurement as JSON. A child that dies (a signal, a CUDA error, an exception)
 leaves its last stage in the progress file: `run_child` reports which stage of which arm failed.
+The measurement file is written atomically; a child that hangs on its way out after writing it
+(a CUDA or Inductor teardown) is killed EXIT_GRACE_S later and its result kept: the timeout
+bounds the measurement, not the exit.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ class ChildResult:
     usage_error: str = ""  # the user's to fix (a harness that cannot be built): one line
 
 
+EXIT_GRACE_S = 30.0  # how long a child that wrote its result may take to exit before it is killed
+
+
 def _exit_text(code: int) -> str:
     if code < 0:
         try:
@@ -59,11 +65,18 @@ def run_child(spec: tuple[str, str], settings, work: Path, timeout_s: float | No
     started = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "tuner.ab.child", str(request)], env=env)
     seen = 0
+    written_at = None  # when the result file appeared: a slow exit after it loses nothing
     try:
         while proc.poll() is None:
             time.sleep(0.2)
             seen = _echo_new(progress, seen, echo)
-            if timeout_s is not None and time.time() - started > timeout_s:
+            if written_at is None and output.exists():
+                written_at = time.time()
+            if written_at is not None and time.time() - written_at > EXIT_GRACE_S:
+                proc.kill()  # the measurement is written (atomically); its shutdown hangs
+                proc.wait()
+                break
+            if written_at is None and timeout_s is not None and time.time() - started > timeout_s:
                 proc.kill()
                 proc.wait()
                 stage = _last_stage(progress)
@@ -78,7 +91,7 @@ def run_child(spec: tuple[str, str], settings, work: Path, timeout_s: float | No
     _echo_new(progress, seen, echo)
     stage = _last_stage(progress)
     seconds = time.time() - started
-    if proc.returncode == 0 and output.exists():
+    if (proc.returncode == 0 or written_at is not None) and output.exists():
         return ChildResult(True, json.loads(output.read_text()), 0, stage, "", seconds)
     error = work / "error.txt"
     usage = work / "usage_error.txt"
