@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from . import runtime
-from .layouts import linear_lookup_parts, no_autograd, norm_folds, rms_norm_eps
+from .layouts import GEMV_MAX_ROWS, linear_lookup_parts, no_autograd, norm_folds, rms_norm_eps
 
 __all__ = ["fold_norms", "fuse_residual_adds", "set_residual_pass", "unset_residual_pass"]
 
@@ -88,8 +88,6 @@ def _fold_applies(norm, x) -> bool:
     autograd records it (the ops have no backward) and x's rows are within the decode rows every
     projection's gemv entries serve (tuner.serving._linear_routed's ranges: constants of the
     install under torch.compile, guards on the rows where they are dynamic: `served_rows`)."""
-    from .layouts import GEMV_MAX_ROWS
-
     projections, served_rows = norm.__dict__["_tuner_fold"]
     if not no_autograd(x, norm.weight, *(p for lin in projections for p in (lin.weight, lin.bias))):
         return False
